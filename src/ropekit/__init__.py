@@ -1,0 +1,20 @@
+"""ropekit — geometric rotary position embeddings for PyTorch.
+
+Four stages, one direction of flow (SPEC §1)::
+
+    Layout ──► position design ──► rotation family ──► apply
+    layout.py   designs/            rotations/           apply/
+"""
+from .layout import Grid, Image, Layout, Text, Video
+from .designs import Design, designs, get_design, positions, register
+from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
+from .apply import apply_rotary, apply_rotary_qk, cos_sin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Layout", "Text", "Image", "Video", "Grid",
+    "positions", "designs", "get_design", "register", "Design",
+    "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
+    "apply_rotary", "apply_rotary_qk", "cos_sin",
+]

@@ -1,0 +1,100 @@
+"""Stage 4 — apply planar rotations to q and k (eager reference path).
+
+Conventions (SPEC §2): q/k are ``(B, H, L, D)`` (``seq_dim=-2``) or ``(B, L, H, D)`` (``seq_dim=1``);
+channel layout ``"half"`` pairs (j, j + R/2), ``"interleaved"`` pairs (2j, 2j+1); ``R = 2·cos.shape[-1]``
+may be smaller than D (partial rotary: the tail passes through). Maths in float32 (or float64 for
+float64 input); the output has the input's dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["cos_sin", "apply_rotary", "apply_rotary_qk", "CHANNEL_LAYOUTS"]
+
+CHANNEL_LAYOUTS = ("half", "interleaved")
+
+
+def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of float32 angles (computed once, shared by every layer that uses them)."""
+    a = angles.float() if angles.dtype != torch.float64 else angles
+    return torch.cos(a), torch.sin(a)
+
+
+def _broadcast(t: torch.Tensor, x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """Shape cos/sin ``(L, R/2)``, ``(B, L, R/2)`` or ``(B, H, L, R/2)`` to broadcast against ``x``."""
+    if t.ndim == 2:
+        return t if seq_dim == -2 else t[:, None, :]
+    if t.ndim == 3:
+        return t[:, None] if seq_dim == -2 else t[:, :, None]
+    if t.ndim == 4:
+        return t if seq_dim == -2 else t.transpose(1, 2)
+    raise ValueError(f"cos/sin must have 2, 3 or 4 dims ((L,R/2), (B,L,R/2), (B,H,L,R/2)), got {tuple(t.shape)}")
+
+
+def _validate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int) -> int:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"apply_rotary: `x` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+    if channels not in CHANNEL_LAYOUTS:
+        raise ValueError(f"`channels` must be 'half' or 'interleaved', got {channels!r}")
+    if seq_dim not in (-2, 1, 2):
+        raise ValueError(f"`seq_dim` must be -2 (B,H,L,D) or 1 (B,L,H,D), got {seq_dim}")
+    if x.ndim != 4 and not (x.ndim == 3 and seq_dim == -2):
+        raise ValueError(f"`x` must be (B, H, L, D) or (B, L, H, D), got shape {tuple(x.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    D = x.shape[-1]
+    rot = 2 * cos.shape[-1]
+    if D % 2:
+        raise ValueError(f"head_dim must be even to rotate channel pairs, got head_dim={D}")
+    if rot > D:
+        raise ValueError(
+            f"cos/sin cover {rot} channels but head_dim is {D}; build the frequencies with rotary_dim <= head_dim"
+        )
+    L = x.shape[seq_dim if seq_dim != 2 else 1]
+    if cos.shape[-2] != L:
+        raise ValueError(f"cos/sin have {cos.shape[-2]} positions but `x` has sequence length {L}")
+    return rot
+
+
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    channels: str = "half",
+    seq_dim: int = -2,
+) -> torch.Tensor:
+    """Rotate channel pairs of ``x`` by the angles whose cos/sin are given (RoPE, Su et al. eq. 34)."""
+    seq_dim = 1 if seq_dim == 2 else seq_dim
+    rot = _validate(x, cos, sin, channels, seq_dim)
+    dtype = x.dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    c = _broadcast(cos.to(work), x, seq_dim)
+    s = _broadcast(sin.to(work), x, seq_dim)
+    xr = x[..., :rot].to(work)
+    if channels == "half":
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    out = out.to(dtype)
+    if rot == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., rot:]), dim=-1)
+
+
+def apply_rotary_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    channels: str = "half",
+    seq_dim: int = -2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys with the same cos/sin."""
+    return (
+        apply_rotary(q, cos, sin, channels=channels, seq_dim=seq_dim),
+        apply_rotary(k, cos, sin, channels=channels, seq_dim=seq_dim),
+    )

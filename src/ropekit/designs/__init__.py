@@ -1,0 +1,7 @@
+"""Stage 2 — position designs: layout → float coordinates ``(L, A)``. One file per design."""
+from .registry import Design, designs, get_design, positions, register
+
+# importing a design module registers it
+from . import vanilla, shared  # noqa: E402,F401
+
+__all__ = ["Design", "designs", "get_design", "positions", "register"]

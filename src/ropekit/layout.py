@@ -1,0 +1,212 @@
+"""Stage 1 — layouts: which tokens a multimodal sequence holds, in order.
+
+A layout is a tuple of segments: ``Text(n)``, ``Image(h, w)``, ``Video(t, h, w)`` and the N-D
+``Grid(*sizes)``. Sizes count *tokens* (after any patch merging). The compact string form is
+``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"``, ``"G4x4x4"``; a video may carry its temporal interval
+(M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+import torch
+
+__all__ = ["Text", "Image", "Video", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID"]
+
+# token-type codes, shared with Hugging Face's ``mm_token_type_ids`` (text 0, image 1, video 2)
+TEXT, IMAGE, VIDEO, GRID = 0, 1, 2, 3
+
+
+def _check_size(value: object, name: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+            value = int(value)
+        else:
+            raise TypeError(f"{what}: `{name}` must be an int, got {type(value).__name__} ({value!r})")
+    if value < 1:
+        raise ValueError(f"{what}: `{name}` must be >= 1, got {value}; an empty or negative grid has no tokens")
+    return value
+
+
+@dataclass(frozen=True)
+class Text:
+    """``n`` text tokens."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n", _check_size(self.n, "n", "Text"))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n
+
+    kind = TEXT
+
+    def __str__(self) -> str:
+        return f"T{self.n}"
+
+
+@dataclass(frozen=True)
+class Image:
+    """An ``h × w`` grid of image tokens, row-major."""
+
+    h: int
+    w: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "h", _check_size(self.h, "h", "Image"))
+        object.__setattr__(self, "w", _check_size(self.w, "w", "Image"))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.h * self.w
+
+    kind = IMAGE
+
+    def __str__(self) -> str:
+        return f"I{self.h}x{self.w}"
+
+
+@dataclass(frozen=True)
+class Video:
+    """``t`` frames of ``h × w`` tokens (frame-major, then row-major); ``interval`` is M-RoPE's Δt."""
+
+    t: int
+    h: int
+    w: int
+    interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("t", "h", "w"):
+            object.__setattr__(self, name, _check_size(getattr(self, name), name, "Video"))
+        iv = float(self.interval)
+        if not math.isfinite(iv) or iv < 0:
+            raise ValueError(f"Video: `interval` must be a finite number >= 0, got {self.interval!r}")
+        object.__setattr__(self, "interval", iv)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.t * self.h * self.w
+
+    kind = VIDEO
+
+    def __str__(self) -> str:
+        tail = "" if self.interval == 1.0 else f"@{self.interval:g}"
+        return f"V{self.t}x{self.h}x{self.w}{tail}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An N-D grid of tokens (ViT patches, volumes), row-major over ``sizes``."""
+
+    sizes: tuple
+
+    def __init__(self, *sizes: int) -> None:
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = tuple(sizes[0])
+        if not sizes:
+            raise ValueError("Grid: give at least one size, e.g. Grid(14, 14)")
+        checked = tuple(_check_size(s, f"sizes[{i}]", "Grid") for i, s in enumerate(sizes))
+        object.__setattr__(self, "sizes", checked)
+
+    @property
+    def num_tokens(self) -> int:
+        return math.prod(self.sizes)
+
+    kind = GRID
+
+    def __str__(self) -> str:
+        return "G" + "x".join(str(s) for s in self.sizes)
+
+
+Segment = Union[Text, Image, Video, Grid]
+
+_TOKEN = re.compile(r"^(?:T(\d+)|I(\d+)x(\d+)|V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?|G(\d+(?:x\d+)*))$")
+
+
+def _parse_segment(tok: str) -> Segment:
+    m = _TOKEN.match(tok)
+    if m is None:
+        raise ValueError(
+            f"Layout.parse: cannot read segment {tok!r}; use T{{n}} (text), I{{h}}x{{w}} (image), "
+            f"V{{t}}x{{h}}x{{w}}[@interval] (video) or G{{a}}x{{b}}[x...] (N-D grid), e.g. 'T3 I4x4 T2'"
+        )
+    g = m.groups()
+    if g[0] is not None:
+        return Text(int(g[0]))
+    if g[1] is not None:
+        return Image(int(g[1]), int(g[2]))
+    if g[3] is not None:
+        return Video(int(g[3]), int(g[4]), int(g[5]), float(g[6]) if g[6] is not None else 1.0)
+    return Grid(*(int(s) for s in g[7].split("x")))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An ordered multimodal sequence of segments (hashable, so designs can cache on it)."""
+
+    segments: tuple
+
+    def __init__(self, segments: Iterable[Segment]) -> None:
+        segs = tuple(segments)
+        if not segs:
+            raise ValueError("Layout: a layout needs at least one segment, e.g. Layout.parse('T3 I4x4 T2')")
+        for i, s in enumerate(segs):
+            if not isinstance(s, (Text, Image, Video, Grid)):
+                raise TypeError(
+                    f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video or Grid"
+                )
+        object.__setattr__(self, "segments", segs)
+
+    @classmethod
+    def parse(cls, text: str) -> "Layout":
+        """Read the compact form, e.g. ``"T3 I4x4 T2"`` or ``"T5 V8x3x3 T1"``."""
+        if not isinstance(text, str):
+            raise TypeError(f"Layout.parse: `text` must be a str, got {type(text).__name__}")
+        toks = text.replace(",", " ").split()
+        if not toks:
+            raise ValueError("Layout.parse: empty layout string; give e.g. 'T3 I4x4 T2'")
+        return cls(_parse_segment(t) for t in toks)
+
+    @classmethod
+    def coerce(cls, layout: "Layout | str | Iterable[Segment]") -> "Layout":
+        """Accept a Layout, its string form, or a sequence of segments."""
+        if isinstance(layout, Layout):
+            return layout
+        if isinstance(layout, str):
+            return cls.parse(layout)
+        if isinstance(layout, (Text, Image, Video, Grid)):
+            return cls([layout])
+        try:
+            return cls(layout)
+        except TypeError as e:
+            if "segments[" in str(e):
+                raise
+            raise TypeError(
+                f"`layout` must be a ropekit.Layout, a string like 'T3 I4x4 T2' or a list of segments, "
+                f"got {type(layout).__name__}"
+            ) from None
+
+    def __str__(self) -> str:
+        return " ".join(str(s) for s in self.segments)
+
+    def __repr__(self) -> str:
+        return f"Layout({str(self)!r})"
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __iter__(self):
+        return iter(self.segments)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+    def token_types(self) -> torch.Tensor:
+        """Per-token modality code (text 0, image 1, video 2, grid 3), shape ``(L,)``."""
+        return torch.cat([torch.full((s.num_tokens,), s.kind, dtype=torch.long) for s in self.segments])
