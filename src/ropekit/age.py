@@ -1,0 +1,66 @@
+"""Alternating Geometry Encoding (Circle-RoPE paper §4.2): which geometry each decoder layer uses.
+
+Schedules (0-based layers, ``N`` layers, ``True`` = the first geometry, Circle-RoPE by default):
+
+- ``"all"``: every layer.
+- ``"lower"``: layers ``0 … ⌈N/2⌉-1`` (the paper's "lower half"; the released code calls it ``strategy_3``).
+- ``"upper"``: layers ``⌈N/2⌉ … N-1`` (the paper's "upper half"; the released code's ``strategy_2``).
+- ``"alternate"``: even layers (the released default, ``strategy_4``).
+- ``"none"``: no layer (plain second geometry).
+- an explicit list of N booleans, or of N design names.
+
+For odd N the lower half takes the middle layer.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+__all__ = ["age_schedule", "SCHEDULES"]
+
+SCHEDULES = ("all", "lower", "upper", "alternate", "none")
+
+_CODE_NAMES = {"strategy_1": "all", "strategy_2": "upper", "strategy_3": "lower", "strategy_4": "alternate"}
+
+
+def age_schedule(
+    schedule: Union[str, Sequence],
+    num_layers: int,
+    designs: tuple[str, str] = ("circle", "mrope"),
+) -> list[str]:
+    """Design name per layer for an AGE schedule (paper §4.2; names of the released code accepted too)."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"`num_layers` must be an int >= 1, got {num_layers!r}")
+    if len(designs) != 2:
+        raise ValueError(f"`designs` must be a pair (first, second), got {designs!r}")
+    first, second = designs
+    if isinstance(schedule, str):
+        name = _CODE_NAMES.get(schedule, schedule)
+        if name not in SCHEDULES:
+            raise ValueError(
+                f"unknown AGE schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}, "
+                f"the released code's strategy_1…4, or a list of {num_layers} entries"
+            )
+        half = (num_layers + 1) // 2
+        pick = {
+            "all": lambda i: True,
+            "none": lambda i: False,
+            "lower": lambda i: i < half,
+            "upper": lambda i: i >= half,
+            "alternate": lambda i: i % 2 == 0,
+        }[name]
+        return [first if pick(i) else second for i in range(num_layers)]
+    items = list(schedule)
+    if len(items) != num_layers:
+        raise ValueError(
+            f"AGE schedule list has {len(items)} entries but the model has {num_layers} layers; "
+            f"give exactly one entry per layer"
+        )
+    out = []
+    for i, it in enumerate(items):
+        if isinstance(it, bool):
+            out.append(first if it else second)
+        elif isinstance(it, str):
+            out.append(it)
+        else:
+            raise TypeError(f"AGE schedule entry {i} must be a bool or a design name, got {type(it).__name__}")
+    return out
