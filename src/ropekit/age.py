@@ -3,11 +3,14 @@
 Schedules (0-based layers, ``N`` layers, ``True`` = the first geometry, Circle-RoPE by default):
 
 - ``"all"``: every layer.
-- ``"lower"``: layers ``0 … ⌈N/2⌉-1`` (the paper's "lower half"; the released code calls it ``strategy_3``).
-- ``"upper"``: layers ``⌈N/2⌉ … N-1`` (the paper's "upper half"; the released code's ``strategy_2``).
+- ``"lower"``: layers ``0 … ⌈N/2⌉-1`` (the paper's Table 4 "strategy 3"; the released code's ``strategy_2``).
+- ``"upper"``: layers ``⌈N/2⌉ … N-1`` (the paper's "strategy 2"; the released code's ``strategy_3``).
 - ``"alternate"``: even layers (the released default, ``strategy_4``).
 - ``"none"``: no layer (plain second geometry).
 - an explicit list of N booleans, or of N design names.
+
+The strings ``"strategy_1"`` … ``"strategy_4"`` follow the released code's numbering (1 all, 2 lower,
+3 upper, 4 alternate), which swaps 2 and 3 relative to the paper's table.
 
 For odd N the lower half takes the middle layer.
 """
@@ -19,7 +22,7 @@ __all__ = ["age_schedule", "SCHEDULES"]
 
 SCHEDULES = ("all", "lower", "upper", "alternate", "none")
 
-_CODE_NAMES = {"strategy_1": "all", "strategy_2": "upper", "strategy_3": "lower", "strategy_4": "alternate"}
+_CODE_NAMES = {"strategy_1": "all", "strategy_2": "lower", "strategy_3": "upper", "strategy_4": "alternate"}
 
 
 def age_schedule(
