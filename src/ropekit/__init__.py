@@ -9,6 +9,10 @@ from .layout import Grid, Image, Layout, Text, Video
 from .designs import Design, designs, get_design, positions, register
 from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
 from .apply import apply_rotary, apply_rotary_qk, cos_sin
+from .rope import RoPE, design_frequencies
+from .age import age_schedule
+from .analysis.metrics import ptd, layout_ptd, attention_bias_map
+from .analysis.kernel import expected_kernel
 
 __version__ = "0.1.0"
 
@@ -17,4 +21,5 @@ __all__ = [
     "positions", "designs", "get_design", "register", "Design",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "apply_rotary", "apply_rotary_qk", "cos_sin",
+    "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
 ]

@@ -113,7 +113,7 @@ def _check_sections(sections: Sequence[int], half: int) -> list[int]:
 
 
 def angles(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Rotation angles ``coords @ W`` in float32.
+    """Rotation angles ``coords @ W`` in float32 (float64 when coords or W are float64).
 
     ``coords (..., L, A)`` with ``W (A, R/2)`` gives ``(..., L, R/2)``; with a per-head ``W (H, A, R/2)``
     it gives ``(..., H, L, R/2)``. The product is taken elementwise and summed over the axes so
@@ -121,15 +121,14 @@ def angles(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(coords, torch.Tensor) or not isinstance(W, torch.Tensor):
         raise TypeError("angles: `coords` and `W` must be tensors")
-    if not coords.is_floating_point():
-        coords = coords.float()
     if coords.shape[-1] != W.shape[-2]:
         raise ValueError(
             f"angles: coords have {coords.shape[-1]} axes but W expects {W.shape[-2]}; "
             f"build W with num_axes={coords.shape[-1]} or use the design's allocation"
         )
-    c = coords.float()
-    Wf = W.float()
+    work = torch.float64 if torch.float64 in (coords.dtype, W.dtype) else torch.float32
+    c = coords.to(work)
+    Wf = W.to(work)
     if W.ndim == 3:  # per head: (..., L, A) -> (..., 1, L, A, 1) * (H, 1, A, R/2)
         return (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
     if W.shape[-2] == 1:
