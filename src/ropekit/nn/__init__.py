@@ -1,0 +1,4 @@
+"""nn modules: attention with any ropekit rotary, and a tiny ViT for experiments."""
+from .attention import Rotary, RotaryAttention, TinyViT
+
+__all__ = ["Rotary", "RotaryAttention", "TinyViT"]
