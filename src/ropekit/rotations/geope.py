@@ -1,0 +1,177 @@
+"""Stage 3 — quaternion rotation family: GeoPE (3×3 rotations of channel triples).
+
+Channels are grouped in contiguous triples (triple i = channels 3i, 3i+1, 3i+2 = the quaternion's
+i, j, k components). A token at ``(h, w)`` rotates triple i about the unit axis ``(0, θ_h, θ_w)/‖·‖`` by
+``Θ = ½·√(θ_h² + θ_w²)`` (GeoPE eq. 4, the Lie-algebra mean of the h- and w-rotations); at ``(d, h, w)``
+about ``(θ_d, θ_h, θ_w)/‖·‖`` by ``Θ = ⅓·√(θ_d² + θ_h² + θ_w²)`` (eq. 6); ``θ_a = p_a · ω_i``. A single
+coordinate ``p`` is the paper's 1-D case (app. F): a rotation about the j axis by ``θ = p · ω_i``.
+
+Every case is one *rotation vector* ``φ_i = Θ · axis`` per token and triple, linear in the position:
+``φ_i(p) = ω_i · E p`` with ``E p = (0, p, 0)``, ``(0, p_h, p_w)/2`` or ``(p_d, p_h, p_w)/3``. This module
+turns positions into ``φ`` and the Rodrigues coefficients ``cos Θ``, ``sin Θ/Θ`` and ``(1 − cos Θ)/Θ²``,
+each smooth in ``Θ²`` so that ``Θ = 0`` is an exact identity with finite gradients. No 3×3 matrix is
+ever built; ``ropekit.apply.geope`` applies the rotation to q/k.
+
+GeoPE is **not** exactly relative: ``R_mᵀ R_n`` depends on the absolute positions, not only on
+``n − m``, because rotations about different axes do not commute (paper §3.4). Only positions on
+one line through the origin direction commute. ``ropekit.analysis.relative`` measures the error;
+``ropekit.apply.linear_geope`` is the exactly relative variant.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "GEOPE_FREQ_STYLES",
+    "GeoPERotation",
+    "geope_frequencies",
+    "lie_embedding",
+    "rotation_vectors",
+    "rodrigues_coefficients",
+    "geope_rotation",
+]
+
+GEOPE_FREQ_STYLES = ("decreasing", "paper")
+
+# Below this Θ² the coefficients come from their Taylor series (error < 1e-15 there), which keeps
+# values and gradients exact at Θ = 0 without dividing by Θ.
+_SMALL = 1e-4
+
+
+class GeoPERotation(NamedTuple):
+    """Per-token, per-triple rotations: rotation vector and the three Rodrigues coefficients.
+
+    ``vector (..., L, n, 3)`` is ``φ = Θ · axis``; ``cos``, ``sinc`` (= sin Θ / Θ) and ``versc``
+    (= (1 − cos Θ) / Θ²) are ``(..., L, n)``. Rotating ``v`` is
+    ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — Rodrigues' formula with the axis folded into φ.
+    """
+
+    vector: torch.Tensor
+    cos: torch.Tensor
+    sinc: torch.Tensor
+    versc: torch.Tensor
+
+    @property
+    def num_triples(self) -> int:
+        return self.vector.shape[-2]
+
+    @property
+    def seq_len(self) -> int:
+        return self.vector.shape[-3]
+
+
+def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decreasing") -> torch.Tensor:
+    """Per-triple frequencies ``ω_i`` (float32, shape ``(n,)``, ``n = ⌊head_dim/3⌋``).
+
+    ``"decreasing"`` (default, SPEC §4): ``ω_i = λ^{-i/n}``, a spectrum from 1 down to ``λ^{-(n-1)/n}``
+    like axial RoPE's. ``"paper"``: the literal ``λ^{2i/d}`` of GeoPE §3.1 with ``d = head_dim`` and
+    ``i = 0 … n-1`` — increasing, which the spec reads as a typo but keeps for reproduction.
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"`head_dim` must be an int, got {type(head_dim).__name__}")
+    if head_dim < 3:
+        raise ValueError(f"GeoPE rotates channel triples: `head_dim` must be >= 3, got {head_dim}")
+    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not lam > 0:
+        raise ValueError(f"`lam` (the frequency base λ) must be a number > 0, got {lam!r}")
+    if freq_style not in GEOPE_FREQ_STYLES:
+        raise ValueError(f"`freq_style` must be one of {GEOPE_FREQ_STYLES}, got {freq_style!r}")
+    n = head_dim // 3
+    i = torch.arange(n, dtype=torch.float64)
+    expo = -i / n if freq_style == "decreasing" else 2.0 * i / head_dim
+    return (float(lam) ** expo).to(torch.float32)
+
+
+def _check_coords(coords: torch.Tensor, name: str = "coords") -> torch.Tensor:
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"`{name}` must be a tensor of shape (..., L, A), got {type(coords).__name__}")
+    if coords.ndim < 2:
+        raise ValueError(f"`{name}` must have shape (..., L, A) with A = 1, 2 or 3 axes, got {tuple(coords.shape)}")
+    if coords.shape[-1] not in (1, 2, 3):
+        raise ValueError(
+            f"GeoPE takes 1 (p), 2 (h, w) or 3 (d, h, w) coordinates per token; `{name}` has "
+            f"{coords.shape[-1]} (shape {tuple(coords.shape)})"
+        )
+    if coords.is_complex():
+        raise TypeError(f"`{name}` must be real, got {coords.dtype}")
+    work = torch.float64 if coords.dtype == torch.float64 else torch.float32
+    c = coords.to(work)
+    if not torch.isfinite(c).all():
+        raise ValueError(f"`{name}` contains NaN or inf; positions must be finite")
+    return c
+
+
+def lie_embedding(coords: torch.Tensor) -> torch.Tensor:
+    """Map positions ``(..., L, A)`` to the direction ``E p`` of the rotation vector, ``(..., L, 3)``.
+
+    1-D: ``(0, p, 0)`` (app. F, rotation about j); 2-D: ``(0, p_h, p_w)/2`` (eq. 4);
+    3-D: ``(p_d, p_h, p_w)/3`` (eq. 6). Linear in ``p``, so differences of positions map to
+    differences of rotation vectors (the basis of Linear GeoPE).
+    """
+    c = _check_coords(coords)
+    A = c.shape[-1]
+    if A == 3:
+        return c / 3.0
+    zero = torch.zeros_like(c[..., :1])
+    if A == 2:
+        return torch.cat((zero, c / 2.0), dim=-1)
+    return torch.cat((zero, c, zero), dim=-1)
+
+
+def rotation_vectors(coords: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotation vectors ``φ_i = ω_i · E p`` of every token and triple, ``(..., L, n, 3)`` (float32/64)."""
+    e = lie_embedding(coords)
+    return e[..., None, :] * freqs.to(e.dtype)[:, None]
+
+
+def rodrigues_coefficients(theta_sq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cos Θ``, ``sin Θ / Θ`` and ``(1 − cos Θ) / Θ²`` from ``Θ²``, smooth and NaN-free at 0.
+
+    Small angles use the Taylor series in ``Θ²``; elsewhere ``1 − cos Θ = 2 sin²(Θ/2)`` avoids the
+    cancellation of ``1 − cos`` in float32. The unused branch sees a safe input, so gradients stay finite.
+    """
+    small = theta_sq < _SMALL
+    s_small = torch.where(small, theta_sq, torch.zeros_like(theta_sq))
+    s_big = torch.where(small, torch.ones_like(theta_sq), theta_sq)
+    t = torch.sqrt(s_big)
+    half = 0.5 * t
+    sin_half_over = torch.sin(half) / half
+    cos_big, sinc_big, versc_big = torch.cos(t), torch.sin(t) / t, 0.5 * sin_half_over * sin_half_over
+    s2 = s_small * s_small
+    cos_small = 1.0 - s_small / 2.0 + s2 / 24.0
+    sinc_small = 1.0 - s_small / 6.0 + s2 / 120.0
+    versc_small = 0.5 - s_small / 24.0 + s2 / 720.0
+    return (
+        torch.where(small, cos_small, cos_big),
+        torch.where(small, sinc_small, sinc_big),
+        torch.where(small, versc_small, versc_big),
+    )
+
+
+def geope_rotation(
+    coords: torch.Tensor,
+    head_dim: int,
+    *,
+    lam: float = 100.0,
+    freq_style: str = "decreasing",
+    freqs: torch.Tensor | None = None,
+) -> GeoPERotation:
+    """GeoPE rotations for positions ``coords (..., L, A)``, A ∈ {1, 2, 3} (GeoPE eqs. 4, 6; app. F).
+
+    Returns a :class:`GeoPERotation` with ``n = ⌊head_dim/3⌋`` triples, computed in float32 (float64 for
+    float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
+    Note: GeoPE is not exactly relative (see the module docstring).
+    """
+    if freqs is None:
+        freqs = geope_frequencies(head_dim, lam, freq_style)
+    else:
+        if not isinstance(freqs, torch.Tensor) or freqs.ndim != 1 or freqs.numel() == 0:
+            raise ValueError("`freqs` must be a non-empty 1-D tensor of per-triple frequencies")
+        if 3 * freqs.numel() > head_dim:
+            raise ValueError(
+                f"`freqs` has {freqs.numel()} triples ({3 * freqs.numel()} channels) but head_dim is {head_dim}"
+            )
+    vec = rotation_vectors(coords, freqs)
+    cos, sinc, versc = rodrigues_coefficients((vec * vec).sum(-1))
+    return GeoPERotation(vec, cos, sinc, versc)
