@@ -1,0 +1,108 @@
+"""Mixed / learned RoPE (RoPE-Mixed, Heo et al. "Rotary Position Embedding for Vision Transformer").
+
+The frequency matrix ``W (heads, A, R/2)`` is a learnable parameter of each layer (SPEC §4). Its
+initialisation gives every head its own random rotation ``Q_h ∈ SO(A)`` of the axis directions: the
+R/2 frequency pairs split into A contiguous groups of ``n = R/(2A)`` pairs, group g points along the
+column ``Q_h[:, g]`` and pair j of a group has magnitude ``θ^{-j/n}`` (θ = 10). For the 2-D case this is
+rope-vit's initialisation: two orthogonal directions at a random angle per head, magnitudes
+``θ^{-4j/R}``, j = 0 … R/4-1.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .planar import _check_dim, angles
+
+__all__ = ["mixed_init", "MixedFrequencies"]
+
+
+def _check_positive_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {value}")
+    return value
+
+
+def _random_rotation(dims: int, generator: torch.Generator) -> torch.Tensor:
+    """A uniformly random rotation of R^dims (float64): an angle for 2-D, sign-fixed QR otherwise."""
+    if dims == 2:
+        a = float(torch.rand((), generator=generator, dtype=torch.float64)) * 2 * math.pi
+        return torch.tensor([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=torch.float64)
+    g = torch.randn(dims, dims, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    q = q * torch.sign(torch.diagonal(r))[None, :]  # Haar-distributed on O(dims)
+    if torch.det(q) < 0:
+        q[:, 0] = -q[:, 0]
+    return q
+
+
+def mixed_init(
+    rotary_dim: int,
+    num_heads: int,
+    num_axes: int = 2,
+    *,
+    theta: float = 10.0,
+    seed: int | None = None,
+) -> torch.Tensor:
+    """Initial RoPE-Mixed frequencies ``W (num_heads, num_axes, rotary_dim/2)`` float32 (module docstring).
+
+    ``W[h, :, g·n + j] = θ^{-j/n} · Q_h[:, g]`` with ``n = rotary_dim / (2·num_axes)`` and a random
+    rotation ``Q_h`` per head (seeded by ``seed``).
+    """
+    _check_dim(rotary_dim)
+    _check_positive_int(num_heads, "num_heads")
+    _check_positive_int(num_axes, "num_axes")
+    if not (isinstance(theta, (int, float)) and theta > 0):
+        raise ValueError(f"`theta` must be a number > 0, got {theta!r}")
+    half = rotary_dim // 2
+    if half % num_axes:
+        raise ValueError(
+            f"RoPE-Mixed splits rotary_dim/2 = {half} pairs evenly over {num_axes} axis directions; "
+            f"choose rotary_dim divisible by {2 * num_axes}"
+        )
+    n = half // num_axes
+    gen = torch.Generator()
+    gen.manual_seed(seed) if seed is not None else gen.seed()
+    mag = float(theta) ** (-torch.arange(n, dtype=torch.float64) / n)  # (n,)
+    heads = []
+    for _ in range(num_heads):
+        q = _random_rotation(num_axes, gen)  # columns: the head's orthonormal directions
+        heads.append((q[:, :, None] * mag[None, None, :]).reshape(num_axes, half))
+    return torch.stack(heads).float()
+
+
+class MixedFrequencies(nn.Module):
+    """Learnable per-head frequency matrix of one layer; ``forward(coords)`` gives the rotation angles.
+
+    ``coords (L, A)`` or ``(B, L, A)`` → angles ``(H, L, R/2)`` or ``(B, H, L, R/2)`` via
+    :func:`ropekit.angles`; feed ``cos_sin(angles)`` to ``apply_rotary`` on ``(B, H, L, D)`` q/k.
+    """
+
+    def __init__(
+        self,
+        rotary_dim: int,
+        num_heads: int,
+        num_axes: int = 2,
+        *,
+        theta: float = 10.0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        self.num_heads = num_heads
+        self.num_axes = num_axes
+        self.freqs = nn.Parameter(mixed_init(rotary_dim, num_heads, num_axes, theta=theta, seed=seed))
+
+    def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        if not isinstance(coords, torch.Tensor):
+            raise TypeError(f"MixedFrequencies: `coords` must be a tensor (L, A) or (B, L, A), got {type(coords).__name__}")
+        if coords.ndim not in (2, 3):
+            raise ValueError(f"MixedFrequencies: `coords` must be (L, A) or (B, L, A), got shape {tuple(coords.shape)}")
+        return angles(coords, self.freqs)
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, num_heads={self.num_heads}, num_axes={self.num_axes}"
