@@ -1,0 +1,334 @@
+"""rope_index / decode_positions against tiny random Qwen2-VL and Qwen2.5-VL models, a float64 walk of
+the transformers 4.x rule, and every registered design's own positions."""
+import math
+import random
+
+import pytest
+import torch
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLModel
+
+import ropekit
+from ropekit import Image, Layout, Text, Video, positions
+from ropekit.index import decode_positions, rope_index
+
+MERGE = 2
+TEXT_CFG = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    vocab_size=64, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]},
+)
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    cfg = Qwen2VLConfig(
+        text_config=TEXT_CFG,
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, mlp_ratio=1,
+                           spatial_merge_size=MERGE, patch_size=2, temporal_patch_size=2),
+    )
+    return Qwen2VLModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen25():
+    cfg = Qwen2_5_VLConfig(
+        text_config=TEXT_CFG,
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=16, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=MERGE, tokens_per_second=2, fullatt_block_indexes=[0],
+                           patch_size=2, temporal_patch_size=2),
+    )
+    return Qwen2_5_VLModel(cfg).eval()
+
+
+def random_batch(seed, batch=3, pad="right", adjacent=False, seconds=(1.0,)):
+    """A padded batch of random text/image/video samples; vision items are separated by text unless
+    ``adjacent`` (transformers needs the separation). Returns the model inputs and, per sample, the
+    segments in patch units."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(batch):
+        segs = [("T", rng.randint(1, 4))]
+        for _ in range(rng.randint(0, 3)):
+            if rng.random() < 0.5:
+                segs.append(("I", 1, 2 * rng.randint(1, 3), 2 * rng.randint(1, 3), None))
+            else:
+                segs.append(("V", rng.randint(1, 3), 2 * rng.randint(1, 2), 2 * rng.randint(1, 2), rng.choice(seconds)))
+            if not adjacent or rng.random() < 0.3:
+                segs.append(("T", rng.randint(1, 3)))
+        samples.append(segs)
+    rows, images, videos, spg = [], [], [], []
+    for segs in samples:
+        row = []
+        for s in segs:
+            if s[0] == "T":
+                row += [0] * s[1]
+                continue
+            row += [1 if s[0] == "I" else 2] * (s[1] * s[2] * s[3] // MERGE**2)
+            (images if s[0] == "I" else videos).append(list(s[1:4]))
+            if s[0] == "V":
+                spg.append(s[4])
+        rows.append(row)
+    length = max(map(len, rows)) + rng.randint(0, 2)
+    types = torch.zeros(batch, length, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for b, row in enumerate(rows):
+        sl = slice(0, len(row)) if pad == "right" else slice(length - len(row), length)
+        types[b, sl] = torch.tensor(row)
+        mask[b, sl] = 1
+    return dict(
+        input_ids=torch.randint(0, 50, (batch, length)),
+        mm_token_type_ids=types,
+        attention_mask=mask,
+        image_grid_thw=torch.tensor(images) if images else None,
+        video_grid_thw=torch.tensor(videos) if videos else None,
+    ), samples, torch.tensor(spg, dtype=torch.float32)
+
+
+def layouts_of(samples, intervals=None):
+    """The ropekit layout of each sample (token units), built straight from the segment list."""
+    it = iter(intervals or [])
+    out = []
+    for segs in samples:
+        parts = []
+        for s in segs:
+            if s[0] == "T":
+                parts.append(Text(s[1]))
+            elif s[0] == "I":
+                parts.append(Image(s[2] // MERGE, s[3] // MERGE))
+            else:
+                parts.append(Video(s[1], s[2] // MERGE, s[3] // MERGE, next(it) if intervals else 1.0))
+        out.append(Layout(parts))
+    return out
+
+
+CASES = [(seed, pad) for seed in range(8) for pad in ("left", "right")]
+
+
+@pytest.mark.parametrize("seed,pad", CASES)
+def test_spatial_equals_qwen2vl_get_rope_index(qwen2, seed, pad):
+    inputs, _, _ = random_batch(seed, pad=pad)
+    want_pos, want_delta = qwen2.get_rope_index(**inputs)
+    pos, delta = rope_index(**inputs, design="mrope", continuation="spatial", spatial_merge_size=MERGE)
+    assert pos.dtype == torch.float32 and pos.shape == want_pos.shape
+    assert torch.equal(pos, want_pos.float())
+    assert torch.equal(delta, want_delta.float())
+
+
+@pytest.mark.parametrize("seed,pad", CASES[:8])
+def test_qwen25_temporal_intervals_equal_its_get_rope_index(qwen25, seed, pad):
+    inputs, _, spg = random_batch(100 + seed, pad=pad, seconds=(0.35, 0.7, 1.0, 2.0, 0.1, 1.3))
+    tps = qwen25.config.vision_config.tokens_per_second
+    kw = dict(second_per_grid_ts=spg) if spg.numel() else {}
+    want_pos, want_delta = qwen25.get_rope_index(**inputs, **kw)
+    pos, delta = rope_index(**inputs, **kw, tokens_per_second=tps, continuation="spatial")
+    assert torch.equal(pos, want_pos.float())
+    assert torch.equal(delta, want_delta.float())
+    # without second_per_grid_ts Qwen2.5-VL spaces frames by tokens_per_second
+    want_pos, _ = qwen25.get_rope_index(**inputs)
+    assert torch.equal(rope_index(**inputs, tokens_per_second=tps, continuation="spatial")[0], want_pos.float())
+
+
+def walk_transformers4(types, mask, image_grids, video_grids, intervals, merge):
+    """float64 walk of the transformers 4.x rule, token by token: a block starts at the running index,
+    text after a block resumes at the block's max + 1; padding 0; delta = max + 1 - valid tokens."""
+    batch, length = len(types), len(types[0])
+    pos = [[[0.0] * length for _ in range(batch)] for _ in range(3)]
+    deltas = []
+    grids = {1: iter(image_grids), 2: iter(zip(video_grids, intervals))}
+    for b in range(batch):
+        p, block, top, seen, n_valid = 0, None, -math.inf, 0, 0
+        for k in range(length):
+            if not mask[b][k]:
+                continue
+            n_valid += 1
+            kind = types[b][k]
+            if kind == 0:
+                if block is not None:
+                    p, block = top + 1, None
+                c = (p, p, p)
+                p += 1
+            else:
+                if block is None or seen == block[0] * block[1] * block[2]:
+                    if block is not None:
+                        p = top + 1
+                    g = next(grids[kind])
+                    (t, h, w), dt = (g, 1.0) if kind == 1 else g
+                    block, seen, start, top, step = (t, h // merge, w // merge), 0, p, -math.inf, dt
+                f, rest = divmod(seen, block[1] * block[2])
+                i, j = divmod(rest, block[2])
+                c = (start + math.floor(f * step), start + i, start + j)
+                top = max(top, *c)
+                seen += 1
+            for a in range(3):
+                pos[a][b][k] = float(c[a])
+        biggest = max(pos[a][b][k] for a in range(3) for k in range(length) if mask[b][k])
+        deltas.append([biggest + 1 - n_valid])
+    return torch.tensor(pos, dtype=torch.float64), torch.tensor(deltas, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed,pad", CASES[:8])
+def test_max_continuation_equals_transformers4_walk(seed, pad):
+    inputs, _, spg = random_batch(200 + seed, pad=pad, adjacent=True, seconds=(0.25, 0.5, 0.75, 1.0))
+    tps = 2
+    ig = inputs["image_grid_thw"].tolist() if inputs["image_grid_thw"] is not None else []
+    vg = inputs["video_grid_thw"].tolist() if inputs["video_grid_thw"] is not None else []
+    want_pos, want_delta = walk_transformers4(
+        inputs["mm_token_type_ids"].tolist(), inputs["attention_mask"].tolist(), ig, vg,
+        [tps * s for s in spg.tolist()], MERGE,
+    )
+    kw = dict(second_per_grid_ts=spg) if spg.numel() else {}
+    pos, delta = rope_index(**inputs, **kw, tokens_per_second=tps)  # default: mrope, continuation="max"
+    assert torch.equal(pos.double(), want_pos)
+    assert torch.equal(delta.double(), want_delta)
+
+
+@pytest.mark.parametrize("pad", ["left", "right"])
+def test_text_only_batch_is_arange(pad):
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    if pad == "left":
+        mask = mask.flip(-1)
+    types = torch.zeros(2, 5, dtype=torch.long)
+    for design in ropekit.designs():
+        pos, delta = rope_index(None, types, attention_mask=mask, design=design)
+        want = (mask.cumsum(-1) - 1).clamp(min=0) * mask
+        assert torch.equal(pos, want.float()[None].expand_as(pos)), design
+        assert torch.equal(delta, torch.zeros(2, 1))
+
+
+@pytest.mark.parametrize("design", ropekit.designs())
+def test_every_design_equals_its_own_positions_scattered(design):
+    for seed, pad in [(300, "left"), (301, "right"), (302, "left")]:
+        inputs, samples, _ = random_batch(seed, batch=4, pad=pad, adjacent=True)
+        pos, delta = rope_index(**inputs, design=design)
+        mask = inputs["attention_mask"].bool()
+        for b, lay in enumerate(layouts_of(samples)):
+            own = positions(lay, design)
+            assert pos.shape[0] == own.shape[1]
+            assert torch.equal(pos[:, b, mask[b]], own.T)
+            assert torch.equal(pos[:, b, ~mask[b]], torch.zeros(own.shape[1], int((~mask[b]).sum())))
+            assert delta[b, 0].item() == pytest.approx(own.double().max().item() + 1 - lay.num_tokens)
+
+
+def test_adjacent_images_are_split_by_their_grids():
+    types = torch.tensor([[0] + [1] * 13 + [0]])
+    grids = torch.tensor([[1, 4, 4], [1, 4, 8], [1, 2, 2]])  # 4 + 8 + 1 tokens, no text between
+    pos, _ = rope_index(None, types, grids)
+    want = positions([Text(1), Image(2, 2), Image(2, 4), Image(1, 1), Text(1)], "mrope")
+    assert torch.equal(pos[:, 0], want.T)
+
+
+def test_image_grid_with_frames_is_a_unit_interval_video(qwen25):
+    types = torch.tensor([[0, 0] + [1] * 12 + [0]])
+    grids = torch.tensor([[3, 4, 4]])
+    want, _ = qwen25.get_rope_index(types, types, image_grid_thw=grids)
+    pos, _ = rope_index(None, types, grids, tokens_per_second=2, continuation="spatial")
+    assert torch.equal(pos, want.float())
+
+
+class _Cache:
+    def __init__(self, n):
+        self.n = n
+
+    def get_seq_length(self):
+        return self.n
+
+
+@pytest.mark.parametrize("pad", ["left", "right"])
+def test_decode_positions_equal_transformers_incremental_rule(qwen2, pad):
+    inputs, _, _ = random_batch(400, batch=4, pad=pad)
+    _, delta = rope_index(**inputs, continuation="spatial")
+    batch, past = inputs["mm_token_type_ids"].shape
+    new = 3
+    mask = torch.cat([inputs["attention_mask"], torch.ones(batch, new, dtype=torch.long)], dim=1)
+    qwen2.rope_deltas = delta.long()
+    embeds = torch.zeros(batch, new, 16)
+    for m in (mask, None):
+        want = qwen2.compute_3d_position_ids(
+            torch.zeros(batch, new, dtype=torch.long), embeds, attention_mask=m,
+            past_key_values=_Cache(past), mm_token_type_ids=torch.zeros(batch, new, dtype=torch.long),
+        )
+        got = decode_positions(delta, past, new, 3, attention_mask=m)
+        assert torch.equal(got, want[..., -new:].float())  # with a mask it returns the whole mask width
+    qwen2.rope_deltas = None
+
+
+@pytest.mark.parametrize("design,per_axis", [("mrope", False), ("compact", True), ("vanilla", False)])
+def test_cached_decoding_continues_like_a_full_pass(design, per_axis):
+    """Prompt ending in text or in a vision block: decoding k tokens gives what positions(prompt + Tk) gives."""
+    for prompt in ("T2 I2x3 T3", "T1 V3x2x2", "T2 I4x2", "T3 V2x2x2 T1 I2x2 T2"):
+        lay = Layout.parse(prompt)
+        types = lay.token_types()[None]
+        imgs = [[1, 2 * s.h, 2 * s.w] for s in lay if isinstance(s, Image)] or None
+        vids = [[s.t, 2 * s.h, 2 * s.w] for s in lay if isinstance(s, Video)] or None
+        pos, delta = rope_index(None, types, imgs, vids, design=design, per_axis_deltas=per_axis)
+        full = positions(Layout(list(lay.segments) + [Text(4)]), design)
+        got = decode_positions(delta, lay.num_tokens, 4, pos.shape[0])
+        assert torch.equal(got[:, 0].T, full[-4:]), (design, prompt)
+
+
+def test_compact_needs_per_axis_deltas():
+    lay = Layout.parse("T2 V3x2x2 T1")
+    types = lay.token_types()[None]
+    _, delta = rope_index(None, types, video_grid_thw=[[3, 4, 4]], design="compact", per_axis_deltas=True)
+    assert delta.shape == (1, 3)
+    assert delta.tolist() == [[2 + 3 + 1 - 15, 2 + 2 + 1 - 15, 2 + 2 + 1 - 15]]
+    _, scalar = rope_index(None, types, video_grid_thw=[[3, 4, 4]], design="compact")
+    assert scalar.shape == (1, 1)
+
+
+def _one():
+    types = torch.tensor([[0, 1, 1, 1, 1, 0, 2, 2, 2, 2, 0]])
+    return types, torch.tensor([[1, 4, 4]]), torch.tensor([[1, 4, 4]])
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(image_grid_thw=torch.tensor([[1, 4, 6]])), ValueError, "image_grid_thw.*6 image tokens.*holds 4"),
+    (dict(image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]])), ValueError, "image_grid_thw.*8 image tokens"),
+    (dict(image_grid_thw=torch.tensor([[1, 4, 5]])), ValueError, "not divisible by spatial_merge_size=2"),
+    (dict(image_grid_thw=None), ValueError, "image tokens but `image_grid_thw` is missing"),
+    (dict(video_grid_thw=torch.tensor([[1.0, float("nan"), 4.0]])), ValueError, "video_grid_thw.*NaN"),
+    (dict(video_grid_thw=torch.tensor([[0, 4, 4]])), ValueError, "video_grid_thw.*>= 1"),
+    (dict(video_grid_thw=torch.tensor([4, 4])), ValueError, "video_grid_thw.*shape"),
+    (dict(second_per_grid_ts=torch.tensor([1.0])), ValueError, "needs `tokens_per_second`"),
+    (dict(second_per_grid_ts=torch.tensor([1.0, 2.0]), tokens_per_second=2), ValueError, "2 entries.*1 videos"),
+    (dict(second_per_grid_ts=torch.tensor([float("nan")]), tokens_per_second=2), ValueError, "finite"),
+    (dict(tokens_per_second=-1), ValueError, "tokens_per_second"),
+    (dict(spatial_merge_size=0), ValueError, "spatial_merge_size"),
+    (dict(design="nope"), ValueError, "unknown design 'nope'"),
+    (dict(continuation="up"), ValueError, "continuation"),
+    (dict(wrong=1), TypeError, "unknown option"),
+    (dict(attention_mask=torch.ones(1, 5)), ValueError, "attention_mask.*shape"),
+    (dict(attention_mask=torch.full((1, 11), 2)), ValueError, "only 0"),
+    (dict(attention_mask=torch.full((1, 11), float("nan"))), ValueError, "attention_mask.*NaN"),
+])
+def test_bad_inputs_fail_clearly(change, exc, match):
+    types, ig, vg = _one()
+    kw = dict(image_grid_thw=ig, video_grid_thw=vg)
+    kw.update(change)
+    with pytest.raises(exc, match=match):
+        rope_index(None, types, **kw)
+
+
+def test_bad_token_types_fail_clearly():
+    types, ig, vg = _one()
+    with pytest.raises(ValueError, match="values must be 0 \\(text\\), 1 \\(image\\) or 2"):
+        rope_index(None, types * 2, ig, vg)
+    with pytest.raises(TypeError, match="integer tensor"):
+        rope_index(None, types.float(), ig, vg)
+    with pytest.raises(ValueError, match="input_ids.*shape"):
+        rope_index(torch.zeros(1, 3), types, ig, vg)
+    # two images where the grids describe one bigger image: the runs do not split into whole images
+    t = torch.tensor([[0, 1, 1, 0, 1, 1, 0]])
+    with pytest.raises(ValueError, match="do not split into whole images"):
+        rope_index(None, t, torch.tensor([[1, 2, 2], [1, 2, 6]]))
+
+
+def test_decode_positions_bad_inputs():
+    d = torch.zeros(2, 1)
+    with pytest.raises(ValueError, match="deltas"):
+        decode_positions(torch.zeros(2), 3, 1, 3)
+    with pytest.raises(ValueError, match="num_new"):
+        decode_positions(d, 3, 0, 3)
+    with pytest.raises(ValueError, match="num_axes=3"):
+        decode_positions(torch.zeros(2, 2), 3, 1, 3)
+    with pytest.raises(ValueError, match="attention_mask.*\\(2, 4\\)"):
+        decode_positions(d, 3, 1, 3, attention_mask=torch.ones(2, 3))
