@@ -127,6 +127,17 @@ def test_qwen25_temporal_intervals_equal_its_get_rope_index(qwen25, seed, pad):
     assert torch.equal(rope_index(**inputs, tokens_per_second=tps, continuation="spatial")[0], want_pos.float())
 
 
+def test_qwen25_frame_times_round_in_float32_like_transformers(qwen25):
+    # frame 10 of a 0.35 s/grid video at 2 tokens/s: 10 * float32(0.7) rounds to 7 in float32 (6 in float64)
+    tps = qwen25.config.vision_config.tokens_per_second
+    types = torch.tensor([[0] + [2] * 11 + [0]])
+    kw = dict(video_grid_thw=torch.tensor([[11, 2, 2]]), second_per_grid_ts=torch.tensor([0.35]))
+    want_pos, _ = qwen25.get_rope_index(types, types, **kw)
+    assert want_pos[0, 0, 11] == 1 + 7
+    got = rope_index(None, types, **kw, tokens_per_second=tps, continuation="spatial")[0]
+    assert torch.equal(got, want_pos.float())
+
+
 def walk_transformers4(types, mask, image_grids, video_grids, intervals, merge):
     """float64 walk of the transformers 4.x rule, token by token: a block starts at the running index,
     text after a block resumes at the block's max + 1; padding 0; delta = max + 1 - valid tokens."""

@@ -25,8 +25,11 @@ def test_block_matches_transformers(interval):
 
 
 def test_temporal_rounding_follows_float32_like_transformers():
-    # 10 · float32(0.7) is 6.99999988 in float64 but rounds to 7.0 in float32, as transformers computes it
-    col = positions(Layout([Video(11, 1, 1, 0.7)]), "mrope")[:, 0]
+    # Qwen2.5-VL intervals come from float32 tensors: float32(0.7) = 0.69999999; 10 x that is
+    # 6.99999988 in float64 but rounds to 7.0 in float32, which is what transformers computes
+    interval = float(torch.tensor(0.7, dtype=torch.float32))
+    assert math.floor(10 * interval) == 6
+    col = positions(Layout([Video(11, 1, 1, interval)]), "mrope")[:, 0]
     assert col[10] == 7.0
     assert col[10] == hf_block(0, 11, 1, 1, torch.tensor(0.7))[10, 0]
 
