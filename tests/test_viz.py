@@ -139,3 +139,22 @@ def test_bad_input(tmp_path):
         similarity_grid(directional_matrix(12, 3, "weyl"), 5)
     with pytest.raises(ValueError, match="is empty"):
         plot_kernel_maps({}, 5, tmp_path / "x.png")
+
+
+def test_report_section(tmp_path):
+    import json
+
+    from ropekit.report.nd import section
+
+    sec = section(tmp_path)
+    assert set(sec) == {"title", "html", "metrics"}
+    for name in ("nd_directions_2d.png", "nd_directions_3d.png", "nd_kernels.png"):
+        assert f"src='{name}'" in sec["html"] and (tmp_path / name).exists()
+    metrics = json.loads(json.dumps(sec["metrics"]))
+    rings = metrics["kernel_rings"]
+    # axial RoPE rotates each pair along one axis, so its kernel is a cross; the others are not
+    axial = rings["axial (base 100)"]["r=16"]["axis_bias"]
+    assert axial > 0.15
+    assert all(abs(v["r=16"]["axis_bias"]) < axial / 2 for k, v in rings.items() if not k.startswith("axial"))
+    # golden-angle directions are the most even on the circle
+    assert metrics["largest_gap_2d"]["golden"] == min(metrics["largest_gap_2d"].values())
