@@ -1,0 +1,159 @@
+"""VRoPE (VRoPE paper §4): symmetric, continuity-preserving positions for video frames and N-D grids.
+
+On a 2-D ``H × W`` frame the paper rotates (row i, col j) into ``u = i + j``, ``v = j - i + H - 1``
+(eq. 6) and gives each token both signs of each, ``u± , v±`` (eq. 7), shifted so that the frame
+starts at ``P_f`` and ends at ``P_f + H + W - 2``. Written per axis, every one of the four
+coordinates is ``P_f`` plus, for each spatial axis, either the index or its reflection:
+
+    u+ = P + i + j            v- = P + i + (W-1-j)
+    v+ = P + (H-1-i) + j      u- = P + (H-1-i) + (W-1-j)
+
+**N spatial axes.** The same rule gives ``2^N`` coordinates, one per *flip pattern*
+``b ∈ {0,1}^N`` (``b_a = 1``: axis a contributes ``size_a - 1 - x_a`` instead of ``x_a``).
+Coordinates are listed by the binary number ``b_0 b_1 … b_{N-1}`` (first axis most significant),
+which for N = 2 is exactly the released reference order ``(u+, v-, v+, u-)`` above (SPEC §3).
+``order="paper"`` lists them as eq. 8 does, ``(u+, u-, v+, v-)``: for N axes, the patterns whose last
+bit is 0 in binary order, each followed by its complement. A frame spans ``sum(sizes) - N + 1``
+indices; the next frame, or the text after the block, starts right after it (SPEC: text after a
+``T``-frame block starts at ``s + T·(H + W - 1)``). Text repeats its index on every axis.
+
+Properties (tested): reflecting any set of axes only permutes a token's coordinates (index
+``c ↦ c XOR mask``), so every token of a frame has the same mean coordinate; each axis of a frame
+covers ``P_f … P_f + sum(sizes) - N`` so the sequence is continuous on every axis; a grid with a
+size-1 axis degrades to the lower-dimensional form (``H = 1`` gives the paper's ``(w, -w, w, -w)``).
+
+Segments: ``Image``/``Video`` frames are 2-D grids (a video's frames follow one another; VRoPE has
+no temporal axis, so a video's ``interval`` is ignored); a ``Grid`` of rank N is one N-D frame. All
+vision segments of a layout must share one spatial rank, since the number of axes is ``2^N``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..layout import Grid, Image, Layout, Segment, Text, Video
+from ._common import diagonal
+from .registry import register
+
+__all__ = ["vrope", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS"]
+
+ORDERS = ("reference", "paper")
+
+
+def _check_rank(spatial_dims: int) -> int:
+    if isinstance(spatial_dims, bool) or not isinstance(spatial_dims, int) or spatial_dims < 1:
+        raise ValueError(f"vrope: `spatial_dims` must be an int >= 1 (2 for images/videos), got {spatial_dims!r}")
+    return spatial_dims
+
+
+def _check_order(order: str) -> None:
+    if order not in ORDERS:
+        raise ValueError(
+            f"vrope: `order` must be 'reference' (released code: u+, v-, v+, u-) or 'paper' "
+            f"(eq. 8: u+, u-, v+, v-), got {order!r}"
+        )
+
+
+def flip_patterns(spatial_dims: int, order: str = "reference") -> torch.Tensor:
+    """Flip bits of the ``2^N`` VRoPE coordinates, ``(2^N, N)`` long, in the chosen order.
+
+    Row c of the ``"reference"`` order is the binary expansion of c, first axis most significant.
+    """
+    n = _check_rank(spatial_dims)
+    _check_order(order)
+    idx = torch.arange(2**n)
+    if order == "paper":
+        evens = idx[0::2]
+        idx = torch.stack([evens, evens ^ (2**n - 1)], dim=1).flatten()
+    shifts = torch.arange(n - 1, -1, -1)
+    return (idx[:, None] >> shifts) & 1
+
+
+def frame_length(sizes: Sequence[int]) -> int:
+    """Number of indices one frame occupies on every axis: ``sum(sizes) - N + 1`` (``H + W - 1`` in 2-D)."""
+    return int(sum(sizes)) - len(sizes) + 1
+
+
+def frame_coordinates(sizes: Sequence[int], start: float = 0.0, order: str = "reference") -> torch.Tensor:
+    """VRoPE coordinates of one N-D frame starting at ``start``: ``(prod(sizes), 2^N)`` float64, row-major tokens.
+
+    Coordinate c of token ``x`` is ``start + Σ_a (size_a - 1 - x_a if flip[c, a] else x_a)`` (paper eq. 6-7
+    for N = 2, generalised to N axes).
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"vrope: frame `sizes` must be a non-empty list of ints >= 1, got {sizes}")
+    grids = torch.meshgrid(*(torch.arange(s, dtype=torch.float64) for s in sizes), indexing="ij")
+    x = torch.stack([g.reshape(-1) for g in grids], dim=1)  # (n, N)
+    reflected = torch.tensor(sizes, dtype=torch.float64) - 1.0 - x
+    flips = flip_patterns(len(sizes), order).to(torch.bool)  # (2^N, N)
+    picked = torch.where(flips[None, :, :], reflected[:, None, :], x[:, None, :])  # (n, 2^N, N)
+    return picked.sum(-1) + float(start)
+
+
+def _frames(seg: Segment) -> tuple[int, tuple]:
+    """(number of frames, spatial sizes of one frame) for a vision segment."""
+    if isinstance(seg, Video):
+        return seg.t, (seg.h, seg.w)
+    if isinstance(seg, Image):
+        return 1, (seg.h, seg.w)
+    if isinstance(seg, Grid):
+        return 1, tuple(seg.sizes)
+    raise TypeError(f"vrope: unsupported segment {seg!r}")
+
+
+def _spatial_rank(layout: Layout, spatial_dims: int | None) -> int:
+    ranks = {}
+    for seg in layout:
+        if not isinstance(seg, Text):
+            ranks.setdefault(len(_frames(seg)[1]), str(seg))
+    if spatial_dims is not None:
+        _check_rank(spatial_dims)
+        bad = {r: s for r, s in ranks.items() if r != spatial_dims}
+        if bad:
+            r, s = next(iter(bad.items()))
+            raise ValueError(
+                f"vrope: segment {s} has {r} spatial axes but `spatial_dims={spatial_dims}`; "
+                f"leave `spatial_dims` unset or use grids of rank {spatial_dims}"
+            )
+        return spatial_dims
+    if len(ranks) > 1:
+        desc = ", ".join(f"{s} ({r}-D)" for r, s in sorted(ranks.items()))
+        raise ValueError(
+            f"vrope: the layout mixes spatial grids of different rank ({desc}); VRoPE gives 2^N axes for "
+            f"N-D grids, so every vision segment of one sequence must have the same number of spatial axes "
+            f"(images/videos are 2-D)"
+        )
+    return next(iter(ranks), 2)
+
+
+@register(
+    "vrope",
+    summary="VRoPE: 2^N symmetric rotated coordinates per token (4 on video frames), text continues seamlessly",
+    allocation="vrope",
+)
+def vrope(layout: Layout, spatial_dims: int | None = None, order: str = "reference") -> torch.Tensor:
+    """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7; SPEC §3 "VRoPE").
+
+    ``spatial_dims`` (N) is read from the layout's vision segments (2 for images/videos, the rank for
+    a ``Grid``); give it to fix the number of axes of a text-only layout (default 2, i.e. 4 axes).
+    ``order`` chooses the coordinate order: ``"reference"`` (released code, SPEC) or ``"paper"`` (eq. 8).
+    Pair with ``frequency_matrix("vrope", D, 2**N)``: frequency k uses coordinate ``k mod 2^N``.
+    """
+    _check_order(order)
+    n = _spatial_rank(layout, spatial_dims)
+    axes = 2**n
+    parts, p = [], 0.0
+    for seg in layout:
+        if isinstance(seg, Text):
+            parts.append(diagonal(p, seg.n, axes))
+            p += seg.n
+            continue
+        frames, sizes = _frames(seg)
+        step = frame_length(sizes)
+        one = frame_coordinates(sizes, 0.0, order)
+        offsets = p + step * torch.arange(frames, dtype=torch.float64)
+        parts.append((one[None] + offsets[:, None, None]).reshape(-1, axes))
+        p += frames * step
+    return torch.cat(parts).to(torch.float32)
