@@ -343,3 +343,12 @@ def test_decode_positions_bad_inputs():
         decode_positions(torch.zeros(2, 2), 3, 1, 3)
     with pytest.raises(ValueError, match="attention_mask.*\\(2, 4\\)"):
         decode_positions(d, 3, 1, 3, attention_mask=torch.ones(2, 3))
+
+
+def test_fully_padded_sample_gets_zeros_and_zero_delta():
+    types = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    pos, delta = rope_index(None, types, [[1, 4, 4]], attention_mask=mask)
+    assert torch.equal(pos[:, 1], torch.zeros(3, 6))
+    assert delta[1].tolist() == [0.0]
+    assert torch.equal(pos[:, 0], positions("T1 I2x2 T1", "mrope").T)
