@@ -13,6 +13,8 @@ from .rope import RoPE, design_frequencies
 from .age import age_schedule
 from .analysis.metrics import ptd, layout_ptd, attention_bias_map
 from .analysis.kernel import expected_kernel
+from .rotations.directional import directional_matrix, nd_directions
+from .rotations.mixed import MixedFrequencies, mixed_init
 
 __version__ = "0.1.0"
 
@@ -22,4 +24,5 @@ __all__ = [
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "apply_rotary", "apply_rotary_qk", "cos_sin",
     "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
+    "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
 ]

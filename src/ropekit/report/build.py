@@ -14,6 +14,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("ropekit.report.multimodal", "designs_section"),
     ("ropekit.report.multimodal", "ptd_section"),
     ("ropekit.report.multimodal", "bias_section"),
+    ("ropekit.report.nd", "section"),
 ]
 
 _CSS = """
