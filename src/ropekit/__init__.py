@@ -13,6 +13,7 @@ from .rope import RoPE, design_frequencies
 from .age import age_schedule
 from .analysis.metrics import ptd, layout_ptd, attention_bias_map
 from .analysis.kernel import expected_kernel
+from .index import decode_positions, rope_index
 from .rotations.directional import directional_matrix, nd_directions
 from .rotations.mixed import MixedFrequencies, mixed_init
 
@@ -24,5 +25,6 @@ __all__ = [
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "apply_rotary", "apply_rotary_qk", "cos_sin",
     "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
+    "rope_index", "decode_positions",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
 ]
