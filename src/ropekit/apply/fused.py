@@ -1,0 +1,134 @@
+"""Fused apply path: the planar rotary apply with fewer passes over memory, same results.
+
+:func:`apply_rotary_qk_fused` has the semantics of :func:`ropekit.apply.planar.apply_rotary_qk`
+(RoPE, Su et al. eq. 34; SPEC §2 conventions: ``"half"``/``"interleaved"`` pairs, partial rotary,
+float32 maths, output in the input dtype) and picks the cheapest backend:
+
+- CUDA tensors with triton installed: one Triton kernel per tensor (:mod:`.triton_rope`), which reads
+  q/k and cos/sin once and writes the result once.
+- inside ``torch.compile``: a purely functional formulation with no data-dependent branches, which
+  Inductor fuses into a single loop (``fullgraph=True`` compiles it without graph breaks).
+- otherwise (eager CPU, float64, gradients w.r.t. cos/sin): an eager formulation that writes the two
+  rotated halves straight into the output instead of concatenating temporaries.
+
+All three give the eager reference's float32 results (bit-for-bit on the torch paths; the Triton
+kernel may fuse a multiply-add, a difference of one float32 rounding).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import triton_rope
+from .planar import _broadcast, _validate
+
+__all__ = ["apply_rotary_fused", "apply_rotary_qk_fused", "rotate_functional"]
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def rotate_functional(
+    x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int
+) -> torch.Tensor:
+    """Out-of-place rotation of validated input with cos/sin broadcastable to ``x[..., :R/2]``.
+
+    Written for tracing: only shape-static branches, no in-place writes, so a compiler can fuse it.
+    """
+    work = _work_dtype(x)
+    c = c.to(work)
+    s = s.to(work)
+    xr = x[..., :rot].to(work)
+    if channels == "half":
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    out = out.to(x.dtype)
+    if rot == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., rot:]), dim=-1)
+
+
+def _rotate_eager(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int) -> torch.Tensor:
+    """Eager rotation writing each rotated half into a preallocated output (no concatenation pass).
+
+    Mixed-dtype products (bf16 × float32) promote inside the kernel, so the input is never upcast in a
+    separate pass; every product and sum is still a float32 operation rounded as in the reference.
+    """
+    work = _work_dtype(x)
+    c = c.to(work)
+    s = s.to(work)
+    shape = torch.broadcast_shapes(x.shape[:-1] + (rot // 2,), c.shape, s.shape)
+    if shape != x.shape[:-1] + (rot // 2,) or x.requires_grad or c.requires_grad or s.requires_grad:
+        return rotate_functional(x, c, s, channels, rot)  # broadcasting grows x, or autograd: stay functional
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if channels == "half":
+        x1, x2 = x[..., : rot // 2], x[..., rot // 2 : rot]
+        o1, o2 = out[..., : rot // 2], out[..., rot // 2 : rot]
+    else:
+        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
+        o1, o2 = out[..., 0:rot:2], out[..., 1:rot:2]
+    torch.sub(x1 * c, x2 * s, out=o1)
+    torch.add(x2 * c, x1 * s, out=o2)
+    if rot < x.shape[-1]:
+        out[..., rot:] = x[..., rot:]
+    return out
+
+
+def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
+                use_triton: bool) -> torch.Tensor:
+    if use_triton:
+        return triton_rope.apply_rotary_triton(x, cos, sin, channels=channels, seq_dim=seq_dim)
+    c = _broadcast(cos, x, seq_dim)
+    s = _broadcast(sin, x, seq_dim)
+    if torch.compiler.is_compiling():
+        return rotate_functional(x, c, s, channels, rot)
+    return _rotate_eager(x, c, s, channels, rot)
+
+
+def _triton_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> bool:
+    if torch.compiler.is_compiling() or not triton_rope.supports(q, k, cos, sin):
+        return False
+    return all(triton_rope.expand_cos_sin(t, x, seq_dim) is not None for x in (q, k) for t in (cos, sin))
+
+
+def apply_rotary_qk_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    channels: str = "half",
+    seq_dim: int = -2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys like :func:`ropekit.apply_rotary_qk`, on the fastest available backend.
+
+    ``q``/``k`` are ``(B, H, L, D)`` (``seq_dim=-2``) or ``(B, L, H, D)`` (``seq_dim=1``) and may have
+    different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
+    or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels.
+    """
+    seq_dim = 1 if seq_dim == 2 else seq_dim
+    rot = _validate(q, cos, sin, channels, seq_dim)
+    _validate(k, cos, sin, channels, seq_dim)
+    use_triton = _triton_ok(q, k, cos, sin, seq_dim)
+    return (
+        _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton),
+        _rotate_one(k, cos, sin, channels, seq_dim, rot, use_triton),
+    )
+
+
+def apply_rotary_fused(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    channels: str = "half",
+    seq_dim: int = -2,
+) -> torch.Tensor:
+    """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics)."""
+    seq_dim = 1 if seq_dim == 2 else seq_dim
+    rot = _validate(x, cos, sin, channels, seq_dim)
+    use_triton = _triton_ok(x, x, cos, sin, seq_dim)
+    return _rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton)

@@ -1,0 +1,218 @@
+"""Fused apply path: same results and errors as the eager reference, compiles without graph breaks,
+and the Triton kernel (run through Triton's CPU interpreter) agrees with both."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from ropekit import apply_rotary_qk
+from ropekit.apply import fused, triton_rope
+from ropekit.apply.fused import apply_rotary_fused, apply_rotary_qk_fused
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _inputs(dtype, channels_first=True, B=2, Hq=3, Hk=1, L=5, D=12, rot=12, cos_dims=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, L, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, L, D, generator=g).to(dtype)
+    shape = {2: (L, rot // 2), 3: (B, L, rot // 2), 4: (B, Hq, L, rot // 2)}[cos_dims]
+    ang = torch.randn(shape, generator=g, dtype=torch.float64) * 3
+    ang = ang if dtype == torch.float64 else ang.float()
+    if not channels_first:  # (B, L, H, D) as non-contiguous views of the same data
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    return q, k, ang.cos(), ang.sin()
+
+
+def _brute_force(x, cos, sin, channels, seq_dim):
+    """float64 rotation, pair by pair, with explicit 2×2 matrices (RoPE eq. 34)."""
+    x64 = x.double()
+    if seq_dim == 1:
+        x64 = x64.transpose(1, 2)
+    B, H, L, D = x64.shape
+    c = cos.double().expand(B, H, L, cos.shape[-1]) if cos.ndim != 3 else cos.double()[:, None].expand(B, H, L, -1)
+    s = sin.double().expand(B, H, L, sin.shape[-1]) if sin.ndim != 3 else sin.double()[:, None].expand(B, H, L, -1)
+    out = x64.clone()
+    half = cos.shape[-1]
+    for j in range(half):
+        a, b = (j, j + half) if channels == "half" else (2 * j, 2 * j + 1)
+        rotm = torch.stack([torch.stack([c[..., j], -s[..., j]], -1), torch.stack([s[..., j], c[..., j]], -1)], -2)
+        pair = torch.stack([x64[..., a], x64[..., b]], -1)
+        new = (rotm @ pair[..., None])[..., 0]
+        out[..., a], out[..., b] = new[..., 0], new[..., 1]
+    return out.transpose(1, 2) if seq_dim == 1 else out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels", ["half", "interleaved"])
+@pytest.mark.parametrize("rot", [12, 8])
+@pytest.mark.parametrize("seq_dim", [-2, 1])
+def test_fused_equals_eager_bit_for_bit(dtype, channels, rot, seq_dim):
+    q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, rot=rot)
+    ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    for r, o, x in zip(ref, out, (q, k)):
+        assert o.dtype == x.dtype and o.shape == x.shape
+        assert torch.equal(o, r)
+        # and both match a float64 pair-by-pair rotation to the input dtype's rounding
+        bf = _brute_force(x, cos, sin, channels, seq_dim)
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+        torch.testing.assert_close(o.double(), bf, rtol=tol, atol=tol * 4)
+        if rot < x.shape[-1]:
+            assert torch.equal(o[..., rot:], x[..., rot:])  # partial rotary: tail passes through
+
+
+@pytest.mark.parametrize("cos_dims", [3, 4])
+def test_batched_and_per_head_cos_sin(cos_dims):
+    q, k, cos, sin = _inputs(torch.bfloat16, Hk=3, cos_dims=cos_dims)
+    for channels in ("half", "interleaved"):
+        ref = apply_rotary_qk(q, k, cos, sin, channels=channels)
+        out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels)
+        assert all(torch.equal(o, r) for o, r in zip(out, ref))
+
+
+def test_matches_transformers_rotate_half():
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
+
+    q, k, cos, sin = _inputs(torch.float32, cos_dims=3, Hk=2)
+    hf = apply_rotary_pos_emb(q, k, torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+    out = apply_rotary_qk_fused(q, k, cos, sin)
+    for o, h in zip(out, hf):
+        torch.testing.assert_close(o, h, rtol=1e-6, atol=1e-6)
+
+
+def test_single_tensor_form_and_gradients_follow_eager():
+    q, _, cos, sin = _inputs(torch.float32, rot=8)
+    x = q.clone().requires_grad_(True)
+    y = q.clone().requires_grad_(True)
+    apply_rotary_fused(x, cos, sin, channels="interleaved").square().mul(torch.arange(12.0)).sum().backward()
+    apply_rotary_qk(y, y, cos, sin, channels="interleaved")[0].square().mul(torch.arange(12.0)).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_rotation_preserves_pair_norms():
+    q, k, cos, sin = _inputs(torch.float64, rot=12)
+    out, _ = apply_rotary_qk_fused(q, k, cos, sin, channels="interleaved")
+    n_in = q.unflatten(-1, (6, 2)).norm(dim=-1)
+    n_out = out.unflatten(-1, (6, 2)).norm(dim=-1)
+    torch.testing.assert_close(n_out, n_in, rtol=1e-12, atol=1e-12)
+
+
+BAD = [
+    (dict(channels="pairs"), ValueError, "`channels` must be 'half' or 'interleaved'"),
+    (dict(seq_dim=0), ValueError, "`seq_dim` must be -2"),
+    (dict(D=11, rot=10), ValueError, "head_dim must be even"),
+    (dict(D=8, rot=12), ValueError, "rotary_dim <= head_dim"),
+    (dict(L_cos=4), ValueError, "sequence length"),
+    (dict(int_q=True), TypeError, "floating-point tensor"),
+    (dict(sin_shape=True), ValueError, "must have the same shape"),
+]
+
+
+@pytest.mark.parametrize("bad,err,match", BAD)
+def test_same_errors_as_eager(bad, err, match):
+    D, rot = bad.get("D", 12), bad.get("rot", 12)
+    q = torch.randn(1, 2, 5, D)
+    k = torch.randn(1, 2, 5, D)
+    if bad.get("int_q"):
+        q = q.long()
+    cos = torch.randn(bad.get("L_cos", 5), rot // 2)
+    sin = cos[:, :-1] if bad.get("sin_shape") else cos
+    kw = {key: bad[key] for key in ("channels", "seq_dim") if key in bad}
+    with pytest.raises(err, match=match):
+        apply_rotary_qk(q, k, cos, sin, **kw)
+    with pytest.raises(err, match=match):
+        apply_rotary_qk_fused(q, k, cos, sin, **kw)
+
+
+def test_keys_are_validated_too():
+    q, _, cos, sin = _inputs(torch.float32)
+    with pytest.raises(ValueError, match="sequence length"):
+        apply_rotary_qk_fused(q, torch.randn(2, 1, 7, 12), cos, sin)
+
+
+@pytest.mark.parametrize("channels,rot,seq_dim", [("half", 8, -2), ("interleaved", 12, 1)])
+def test_traces_without_graph_breaks(channels, rot, seq_dim):
+    q, k, cos, sin = _inputs(torch.bfloat16, channels_first=seq_dim == -2, rot=rot)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(apply_rotary_qk_fused)(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_fullgraph_compile_matches_eager():
+    q, k, cos, sin = _inputs(torch.bfloat16, rot=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(apply_rotary_qk_fused, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, cos, sin, channels="interleaved")
+    ref = apply_rotary_qk(q, k, cos, sin, channels="interleaved")
+    assert all(torch.equal(o, r) for o, r in zip(out, ref))
+
+
+def test_cpu_without_triton_falls_back(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, cos, sin = _inputs(torch.float32)
+    assert not triton_rope.available(q.device)
+    assert not triton_rope.supports(q, k, cos, sin)
+    monkeypatch.setattr(triton_rope, "_triton_importable", lambda: False)
+    assert not triton_rope.available("cuda")
+    with pytest.raises(RuntimeError, match="needs triton"):
+        triton_rope.apply_rotary_triton(q, cos, sin)
+    out = apply_rotary_qk_fused(q, k, cos, sin)
+    assert all(torch.equal(o, r) for o, r in zip(out, apply_rotary_qk(q, k, cos, sin)))
+
+
+# --- Triton kernel, run on CPU tensors by Triton's interpreter (TRITON_INTERPRET=1) -----------------
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _ulp_tol(dtype):
+    # the interpreter casts float32 -> bfloat16 by truncation (GPUs round to nearest): allow one ulp
+    return {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 2 ** -7}[dtype]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels", ["half", "interleaved"])
+@pytest.mark.parametrize("rot,seq_dim,cos_dims", [(12, -2, 2), (8, 1, 3), (6, -2, 4)])
+def test_triton_kernel_matches_eager(interpret, dtype, channels, rot, seq_dim, cos_dims):
+    q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, rot=rot, cos_dims=cos_dims, Hk=3)
+    assert triton_rope.supports(q, k, cos, sin)  # so apply_rotary_qk_fused dispatches to the kernel
+    ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    direct = triton_rope.apply_rotary_triton(q, cos, sin, channels=channels, seq_dim=seq_dim)
+    tol = _ulp_tol(dtype)
+    for o, r, x in zip(out, ref, (q, k)):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        torch.testing.assert_close(o, r, rtol=tol, atol=tol)
+        if rot < o.shape[-1]:
+            assert torch.equal(o[..., rot:], x[..., rot:])
+    assert torch.equal(direct, out[0])
+
+
+@needs_triton
+def test_triton_backward_is_inverse_rotation(interpret):
+    q, _, cos, sin = _inputs(torch.float32, rot=8)
+    x = q.clone().requires_grad_(True)
+    y = q.clone().requires_grad_(True)
+    w = torch.randn(q.shape)
+    (triton_rope.apply_rotary_triton(x, cos, sin, channels="interleaved") * w).sum().backward()
+    (apply_rotary_qk(y, y, cos, sin, channels="interleaved")[0] * w).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=2e-6, atol=2e-6)
+
+
+@needs_triton
+def test_triton_keeps_float64_and_cos_grads_on_torch_path(interpret):
+    q, k, cos, sin = _inputs(torch.float64)
+    assert not triton_rope.supports(q, k, cos, sin)
+    q32, k32, cos32, sin32 = _inputs(torch.float32)
+    assert not triton_rope.supports(q32, k32, cos32.requires_grad_(True), sin32)
+    assert fused._triton_ok(q32, k32, cos32.detach(), sin32, -2)
