@@ -284,5 +284,9 @@ def test_bad_inputs():
         positions("T1 I2x2", "vrope", order="eq8")
     with pytest.raises(ValueError, match="frame `sizes`"):
         frame_coordinates(())
+    with pytest.raises(ValueError, match="frame `sizes`"):
+        frame_coordinates((2, 0))
+    with pytest.raises(ValueError, match="frame `sizes`"):
+        frame_coordinates((2.5, 3))
     with pytest.raises(TypeError, match="unknown option"):
         positions("T1 I2x2", "vrope", spatial_dim=2)

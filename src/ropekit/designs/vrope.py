@@ -81,8 +81,8 @@ def frame_coordinates(sizes: Sequence[int], start: float = 0.0, order: str = "re
     Coordinate c of token ``x`` is ``start + Σ_a (size_a - 1 - x_a if flip[c, a] else x_a)`` (paper eq. 6-7
     for N = 2, generalised to N axes).
     """
-    sizes = [int(s) for s in sizes]
-    if not sizes or any(s < 1 for s in sizes):
+    sizes = list(sizes)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"vrope: frame `sizes` must be a non-empty list of ints >= 1, got {sizes}")
     grids = torch.meshgrid(*(torch.arange(s, dtype=torch.float64) for s in sizes), indexing="ij")
     x = torch.stack([g.reshape(-1) for g in grids], dim=1)  # (n, N)
