@@ -65,6 +65,17 @@ def test_fused_equals_eager_bit_for_bit(dtype, channels, rot, seq_dim):
             assert torch.equal(o[..., rot:], x[..., rot:])  # partial rotary: tail passes through
 
 
+@pytest.mark.parametrize("channels", ["half", "interleaved"])
+@pytest.mark.parametrize("seq_dim,cos_dims,rot", [(-2, 2, 12), (-2, 4, 8), (1, 3, 12), (1, 2, 6)])
+def test_blocked_eager_path_equals_eager(monkeypatch, channels, seq_dim, cos_dims, rot):
+    # blocks of a few positions (not a divisor of L) exercise the sequence tiling and the ragged last block
+    monkeypatch.setattr(fused, "_BLOCK_ELEMS", 150)  # 2 positions per block here
+    q, k, cos, sin = _inputs(torch.bfloat16, channels_first=seq_dim == -2, Hk=3, L=7, rot=rot, cos_dims=cos_dims)
+    ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    assert all(torch.equal(o, r) for o, r in zip(out, ref))
+
+
 @pytest.mark.parametrize("cos_dims", [3, 4])
 def test_batched_and_per_head_cos_sin(cos_dims):
     q, k, cos, sin = _inputs(torch.bfloat16, Hk=3, cos_dims=cos_dims)

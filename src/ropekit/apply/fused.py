@@ -8,8 +8,8 @@ float32 maths, output in the input dtype) and picks the cheapest backend:
   q/k and cos/sin once and writes the result once.
 - inside ``torch.compile``: a purely functional formulation with no data-dependent branches, which
   Inductor fuses into a single loop (``fullgraph=True`` compiles it without graph breaks).
-- otherwise (eager CPU, float64, gradients w.r.t. cos/sin): an eager formulation that writes the two
-  rotated halves straight into the output instead of concatenating temporaries.
+- otherwise (eager CPU, float64, gradients w.r.t. cos/sin): the reference's operations run block by
+  block along the sequence, so float32 temporaries stay in cache, writing straight into the output.
 
 All three give the eager reference's float32 results (bit-for-bit on the torch paths; the Triton
 kernel may fuse a multiply-add, a difference of one float32 rounding).
@@ -51,11 +51,33 @@ def rotate_functional(
     return torch.cat((out, x[..., rot:]), dim=-1)
 
 
-def _rotate_eager(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int) -> torch.Tensor:
-    """Eager rotation writing each rotated half into a preallocated output (no concatenation pass).
+# Elements of x per eager block: float32 temporaries of this size (1 MiB) stay in a core's cache.
+_BLOCK_ELEMS = 1 << 18
 
-    Mixed-dtype products (bf16 × float32) promote inside the kernel, so the input is never upcast in a
-    separate pass; every product and sum is still a float32 operation rounded as in the reference.
+
+def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor, channels: str, rot: int):
+    """Rotate one block of ``x`` into the matching block of ``out`` (float32 maths, one rounding)."""
+    xf = x[..., :rot].to(c.dtype)
+    if channels == "half":
+        x1, x2 = xf[..., : rot // 2], xf[..., rot // 2 :]
+        o1, o2 = out[..., : rot // 2], out[..., rot // 2 : rot]
+    else:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        o1, o2 = out[..., 0:rot:2], out[..., 1:rot:2]
+    torch.sub(x1 * c, x2 * s, out=o1)
+    torch.add(x2 * c, x1 * s, out=o2)
+    if rot < x.shape[-1]:
+        out[..., rot:] = x[..., rot:]
+
+
+def _rotate_eager(
+    x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int, seq_dim: int
+) -> torch.Tensor:
+    """Eager rotation in cache-sized blocks along the sequence, written straight into the output.
+
+    The reference makes about ten full passes over float32 temporaries; here each block's temporaries
+    stay in cache, so memory sees roughly one read of x and one write of the output. The operations
+    and their order are the reference's, so results are identical bit for bit.
     """
     work = _work_dtype(x)
     c = c.to(work)
@@ -64,16 +86,17 @@ def _rotate_eager(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: s
     if shape != x.shape[:-1] + (rot // 2,) or x.requires_grad or c.requires_grad or s.requires_grad:
         return rotate_functional(x, c, s, channels, rot)  # broadcasting grows x, or autograd: stay functional
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if channels == "half":
-        x1, x2 = x[..., : rot // 2], x[..., rot // 2 : rot]
-        o1, o2 = out[..., : rot // 2], out[..., rot // 2 : rot]
-    else:
-        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
-        o1, o2 = out[..., 0:rot:2], out[..., 1:rot:2]
-    torch.sub(x1 * c, x2 * s, out=o1)
-    torch.add(x2 * c, x1 * s, out=o2)
-    if rot < x.shape[-1]:
-        out[..., rot:] = x[..., rot:]
+    ldim = x.ndim - 2 if seq_dim == -2 else 1
+    cdim, sdim = ldim - (x.ndim - c.ndim), ldim - (x.ndim - s.ndim)
+    L = x.shape[ldim]
+    step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
+    if x.device.type != "cpu" or step >= L:
+        _rotate_block(x, c, s, out, channels, rot)
+        return out
+    for i in range(0, L, step):
+        n = min(step, L - i)
+        _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
+                      out.narrow(ldim, i, n), channels, rot)
     return out
 
 
@@ -85,7 +108,7 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels:
     s = _broadcast(sin, x, seq_dim)
     if torch.compiler.is_compiling():
         return rotate_functional(x, c, s, channels, rot)
-    return _rotate_eager(x, c, s, channels, rot)
+    return _rotate_eager(x, c, s, channels, rot, seq_dim)
 
 
 def _triton_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> bool:
