@@ -7,13 +7,14 @@ the position, the relative rotation depends only on ``n − m``: Linear GeoPE is
 does not factor into per-token rotations, so it cannot be applied to q and k separately.
 
 For triple i, ``φ_i(n − m) = ω_i P`` with one displacement vector ``P = E(p_n − p_m) ∈ R³`` shared by all
-triples (``E`` from :func:`ropekit.rotations.geope.lie_embedding`). Rodrigues' formula then gives
+triples (``E`` from :func:`ropekit.rotations.geope.lie_embedding`). With the unit axis ``a = P/‖P‖`` and
+angle ``A_i = ω_i ‖P‖``, Rodrigues' formula (GeoPE app. D) gives
 
-    ⟨q, R k⟩ = Σ_c q_c · (cos A · k_c + ω sinc A · (P × k)_c + ω² versc A · P_c (P · k)),
+    ⟨q, R k⟩ = Σ_c q_c · (cos A · k_c + sin A · (a × k)_c + (1 − cos A) · a_c (a · k)).
 
-with ``A = ω_i ‖P‖``. For a block of Bq queries this needs only ``(B, H, Bq, Lk, n)`` tensors, never the
-``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each block is checkpointed when gradients are on,
-so the backward pass also holds one block at a time.
+For a block of Bq queries and a chunk of t triples this needs only ``(B, H, Bq, Lk, t)`` temporaries,
+never the ``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each query block is checkpointed when
+gradients are on, so the backward pass also holds one block at a time.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..rotations.geope import geope_frequencies, lie_embedding, rodrigues_coefficients
+from ..rotations.geope import geope_frequencies, lie_embedding
 
 __all__ = ["linear_geope_scores", "linear_geope_attention"]
 
@@ -47,41 +48,50 @@ def linear_geope_scores(
     pos_q: torch.Tensor,
     pos_k: torch.Tensor,
     freqs: torch.Tensor,
+    *,
+    triple_chunk: int = 8,
 ) -> torch.Tensor:
     """Unscaled Linear GeoPE scores ``⟨q_m, R(φ(n) − φ(m)) k_n⟩`` of every pair, ``(B, H, Lq, Lk)``.
 
     ``q (B, H, Lq, D)``, ``k (B, H, Lk, D)``, positions ``(Lq, A)``/``(Lk, A)`` or batched ``(B, L, A)``,
-    ``freqs (n,)`` with ``3n <= D`` (channels past 3n contribute a plain dot product). Memory is
-    ``O(B·H·Lq·Lk·n)``: call it on query blocks (as :func:`linear_geope_attention` does) for long sequences.
-    Computed in float32 (float64 if q is float64).
+    ``freqs (n,)`` with ``3n <= D`` (channels past 3n contribute a plain dot product). Triples are taken
+    ``triple_chunk`` at a time, so the largest temporary is ``(B, H, Lq, Lk, triple_chunk)``; call it on
+    query blocks (as :func:`linear_geope_attention` does) for long sequences. Positions are treated as
+    constants (no gradient). Computed in float32 (float64 if q is float64).
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, H, Lq, D = q.shape
     Lk = k.shape[-2]
     n = freqs.numel()
-    pq = _as_batched(pos_q, "pos_q", Lq, B).to(work)
-    pk = _as_batched(pos_k, "pos_k", Lk, B).to(work)
+    pq = _as_batched(pos_q, "pos_q", Lq, B).detach().to(work)
+    pk = _as_batched(pos_k, "pos_k", Lk, B).detach().to(work)
     if pq.shape[-1] != pk.shape[-1]:
         raise ValueError(f"`pos_q` has {pq.shape[-1]} axes but `pos_k` has {pk.shape[-1]}")
+    # one displacement per pair, shared by every triple: φ_i(n − m) = ω_i · P
     P = lie_embedding(pk[:, None, :, :] - pq[:, :, None, :])[:, None]  # (Pb, 1, Lq, Lk, 3)
-    w = freqs.to(work)
-    dist_sq = (P * P).sum(-1, keepdim=True)  # (Pb, 1, Lq, Lk, 1)
-    c1, sinc, versc = rodrigues_coefficients(dist_sq * (w * w))  # (Pb, 1, Lq, Lk, n)
-    c2, c3 = sinc * w, versc * (w * w)
-    qt = q[..., : 3 * n].to(work).unflatten(-1, (n, 3))  # (B, H, Lq, n, 3)
-    kt = k[..., : 3 * n].to(work).unflatten(-1, (n, 3))[:, :, None]  # (B, H, 1, Lk, n, 3)
-    Pc = [P[..., c : c + 1] for c in range(3)]  # each (Pb, 1, Lq, Lk, 1)
-    kc = [kt[..., c] for c in range(3)]  # each (B, H, 1, Lk, n)
-    Pk = Pc[0] * kc[0] + Pc[1] * kc[1] + Pc[2] * kc[2]  # (B, H, Lq, Lk, n)
-    Pk = c3 * Pk
-    scores = None
-    for c in range(3):
-        a, b = (c + 1) % 3, (c + 2) % 3
-        rk = c1 * kc[c] + c2 * (Pc[a] * kc[b] - Pc[b] * kc[a]) + Pc[c] * Pk  # (R k)_c
-        part = torch.einsum("bhmni,bhmi->bhmn", rk, qt[..., c])
-        scores = part if scores is None else scores + part
+    dist = P.norm(dim=-1, keepdim=True)  # (Pb, 1, Lq, Lk, 1)
+    inv = torch.where(dist > 0, 1.0 / torch.where(dist > 0, dist, torch.ones_like(dist)), torch.zeros_like(dist))
+    axis = [P[..., c : c + 1] * inv for c in range(3)]  # unit axis (0 where the positions coincide)
     if 3 * n < D:
-        scores = scores + q[..., 3 * n :].to(work) @ k[..., 3 * n :].to(work).transpose(-1, -2)
+        scores = q[..., 3 * n :].to(work) @ k[..., 3 * n :].to(work).transpose(-1, -2)
+    else:
+        scores = q.new_zeros((B, H, Lq, Lk), dtype=work)
+    w_all = freqs.to(work)
+    for j0 in range(0, n, triple_chunk):
+        j1 = min(j0 + triple_chunk, n)
+        angle = dist * w_all[j0:j1]  # (Pb, 1, Lq, Lk, t)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        vers = 2.0 * torch.sin(0.5 * angle).square()  # 1 − cos, without cancellation
+        del angle
+        qt = q[..., 3 * j0 : 3 * j1].to(work).unflatten(-1, (j1 - j0, 3))  # (B, H, Lq, t, 3)
+        kt = k[..., 3 * j0 : 3 * j1].to(work).unflatten(-1, (j1 - j0, 3))[:, :, None]  # (B, H, 1, Lk, t, 3)
+        kc = [kt[..., c] for c in range(3)]
+        vak = vers * (axis[0] * kc[0] + axis[1] * kc[1] + axis[2] * kc[2])  # (1 − cos) (a · k)
+        for c in range(3):
+            a, b = (c + 1) % 3, (c + 2) % 3
+            # (R k)_c = cos k_c + sin (a × k)_c + (1 − cos) a_c (a · k)   (Rodrigues, GeoPE eq. 36)
+            rk = cos * kc[c] + sin * (axis[a] * kc[b] - axis[b] * kc[a]) + axis[c] * vak
+            scores = scores + torch.einsum("bhmni,bhmi->bhmn", rk, qt[..., c])
     return scores
 
 
