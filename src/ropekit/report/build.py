@@ -15,6 +15,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("ropekit.report.multimodal", "ptd_section"),
     ("ropekit.report.multimodal", "bias_section"),
     ("ropekit.report.nd", "section"),
+    ("ropekit.report.relative", "section"),
 ]
 
 _CSS = """
