@@ -1,0 +1,71 @@
+"""Render benchmarks/results/*.json as the Markdown tables of docs/benchmarks.md:
+``python -m benchmarks.markdown``."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ORDER = ["transformers_qwen2vl", "rotary_embedding_torch", "ropekit_eager", "ropekit_fused", "ropekit_compiled"]
+
+
+def machine_line(data: dict) -> str:
+    m, bw = data["machine"], data["copy_bandwidth"]
+    return (f"{m['cpu']}, {m['cpu_count']} cores, torch {m['torch']} with {m['torch_threads']} thread(s), "
+            f"transformers {m['transformers']}, rotary-embedding-torch {m['rotary_embedding_torch']}; "
+            f"copy bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s; median of {data['repeat']} interleaved runs")
+
+
+def apply_table(data: dict) -> str:
+    bw = data["copy_bandwidth"]["bytes_per_s"]
+    names = [n for n in ORDER if any(n in r["cases"] for r in data["results"])]
+    head = "| shape (B,H,L,D) | dtype | positions | " + " | ".join(names) + " |"
+    rows = [head, "|" + "---|" * (3 + len(names))]
+    for r in data["results"]:
+        hf = r["cases"]["transformers_qwen2vl"]["median_s"]
+        cells = []
+        for n in names:
+            c = r["cases"].get(n)
+            cells.append("–" if c is None else
+                         f"{c['median_s'] * 1e3:.1f} ms ×{hf / c['median_s']:.2f} ({c['bytes_per_s'] / bw:.0%})")
+        rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | {r['positions']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def cos_sin_table(data: dict) -> str:
+    rows = ["| shape | dtype | positions | ropekit cos/sin | transformers cos/sin | ropekit apply (fused) | cos/sin ÷ apply |",
+            "|---|---|---|---|---|---|---|"]
+    for r in data["results"]:
+        cs = r["cos_sin"]["ropekit"]["median_s"]
+        hf = r["cos_sin"]["transformers_qwen2vl"]["median_s"]
+        ap = r["cases"]["ropekit_fused"]["median_s"]
+        rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | {r['positions']} | {cs * 1e3:.2f} ms | "
+                    f"{hf * 1e3:.2f} ms | {ap * 1e3:.1f} ms | {cs / ap:.1%} |")
+    return "\n".join(rows)
+
+
+def index_table(data: dict) -> str:
+    rows = ["| batch | tokens | images | videos | transformers get_rope_index | ropekit rope_index | speed-up |",
+            "|---|---|---|---|---|---|---|"]
+    for r in data["results"]:
+        rows.append(f"| {r['batch']} | {r['tokens']} | {r['images']} | {r['videos']} | "
+                    f"{r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms | "
+                    f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    for name, render in (("apply", apply_table), ("index", index_table)):
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        print(f"### {name}\n\n{machine_line(data)}\n\n{render(data)}\n")
+        if name == "apply":
+            print(f"### cos/sin vs apply\n\n{cos_sin_table(data)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

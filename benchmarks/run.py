@@ -1,0 +1,80 @@
+"""Run the benchmarks side by side with the peers and write JSON: ``python -m benchmarks.run [--quick]``.
+
+Run from the repository root. Each suite writes ``benchmarks/results/<suite>.json`` holding the
+machine description (CPU, torch threads, versions), the copy bandwidth measured in the same process,
+and per case the shape, dtype and median/min/max seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import apply as apply_bench
+from . import index as index_bench
+from .common import copy_bandwidth, machine
+
+SUITES = ("apply", "index")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _ratio_table(results: list[dict], bw: float) -> list[str]:
+    lines = []
+    for r in results:
+        c = r["cases"]
+        hf = c["transformers_qwen2vl"]["median_s"]
+        parts = [f"{n} {hf / v['median_s']:.2f}x ({v['bytes_per_s'] / bw:.0%} copy bw)" for n, v in c.items()]
+        lines.append(f"  {tuple(r['shape'])} {r['dtype']} {r['positions']}: speed vs transformers: " + ", ".join(parts))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="first shape and smallest batch only")
+    p.add_argument("--only", choices=SUITES, action="append", help="run only this suite (repeatable)")
+    p.add_argument("--repeat", type=int, default=None, help="timed repeats per case (default 3)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd fused path")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    args = p.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    repeat = args.repeat or 3
+    suites = args.only or list(SUITES)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cpu_count']} cores, torch {info['torch']} "
+          f"with {info['torch_threads']} threads", flush=True)
+    bw = copy_bandwidth(repeat=repeat)
+    print(f"copy bandwidth: {bw['bytes_per_s'] / 1e9:.2f} GB/s (read + write)", flush=True)
+    header = {"machine": info, "copy_bandwidth": bw, "quick": args.quick, "repeat": repeat,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    log = lambda s: print(s, flush=True)
+    if "apply" in suites:
+        res = apply_bench.run(quick=args.quick, repeat=repeat, compile_fused=not args.no_compile, log=log)
+        for line in _ratio_table(res, bw["bytes_per_s"]):
+            print(line)
+        _write(args.out / "apply.json", {**header, "results": res})
+    if "index" in suites:
+        res = index_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "index.json", {**header, "results": res})
+    return 0
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
