@@ -8,7 +8,7 @@ Four stages, one direction of flow (SPEC §1)::
 from .layout import Grid, Image, Layout, Text, Video
 from .designs import Design, designs, get_design, positions, register
 from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
-from .apply import apply_rotary, apply_rotary_qk, cos_sin
+from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
 from .rope import RoPE, design_frequencies
 from .age import age_schedule
 from .analysis.metrics import ptd, layout_ptd, attention_bias_map
@@ -23,7 +23,7 @@ __all__ = [
     "Layout", "Text", "Image", "Video", "Grid",
     "positions", "designs", "get_design", "register", "Design",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
-    "apply_rotary", "apply_rotary_qk", "cos_sin",
+    "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
     "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "rope_index", "decode_positions",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",

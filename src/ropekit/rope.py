@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from .apply.planar import CHANNEL_LAYOUTS, apply_rotary_qk, cos_sin
+from .apply.fused import apply_rotary_qk_fused
+from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
 from .layout import Layout
 from .rotations.planar import ALLOCATIONS, angles, frequency_matrix
@@ -101,8 +102,12 @@ class RoPE:
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, coords: "torch.Tensor | Layout | str", *, seq_dim: int = -2
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k ``(B, H, L, D)`` (or ``(B, L, H, D)`` with ``seq_dim=1``) at the given positions."""
+        """Rotate q and k ``(B, H, L, D)`` (or ``(B, L, H, D)`` with ``seq_dim=1``) at the given positions.
+
+        Uses the fused path (Triton on CUDA, cache-blocked eager on CPU): same results as the reference
+        :func:`ropekit.apply_rotary_qk`, fewer passes over memory.
+        """
         if not isinstance(coords, torch.Tensor):
             coords = self.coords(coords).to(q.device)
         cos, sin = self.cos_sin(coords)
-        return apply_rotary_qk(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
+        return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
