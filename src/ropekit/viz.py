@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from .analysis.figures import _save  # noqa: E402
 import torch  # noqa: E402
 
 from .analysis.kernel import expected_kernel, monte_carlo_kernel  # noqa: E402
@@ -105,14 +106,6 @@ def max_angular_gap(directions: torch.Tensor) -> float:
     a = torch.sort(torch.atan2(directions[:, 1], directions[:, 0])).values
     gaps = torch.diff(torch.cat([a, a[:1] + 2 * math.pi]))
     return float(gaps.max() / (2 * math.pi / directions.shape[0]))
-
-
-def _save(fig, path: "str | Path") -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return p
 
 
 def _check_method(method: str) -> str:
