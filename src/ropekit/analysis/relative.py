@@ -62,18 +62,13 @@ def geope_score(head_dim: int, *, lam: float = 100.0, freq_style: str = "decreas
     return score
 
 
-def linear_geope_score(head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing",
-                       chunk: int = 64) -> ScoreFn:
-    """Score of Linear GeoPE through the attention routine's own score function (pairs in chunks)."""
+def linear_geope_score(head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing") -> ScoreFn:
+    """Score of Linear GeoPE through the attention routine's own score function (each pair a batch)."""
     freqs = geope_frequencies(head_dim, lam, freq_style)
 
     def score(q, k, pos_q, pos_k):
-        parts = []
-        for s in range(0, q.shape[0], chunk):
-            e = min(s + chunk, q.shape[0])
-            full = linear_geope_scores(q[None, None, s:e], k[None, None, s:e], pos_q[s:e], pos_k[s:e], freqs)
-            parts.append(full[0, 0].diagonal())
-        return torch.cat(parts)
+        s = linear_geope_scores(q[:, None, None], k[:, None, None], pos_q[:, None], pos_k[:, None], freqs)
+        return s[:, 0, 0, 0]
 
     return score
 
