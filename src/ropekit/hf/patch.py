@@ -143,7 +143,7 @@ def _resolve_layers(design: Union[str, Sequence[str]], age: Any, num_layers: int
     return [get_design(n).name for n in age_schedule(age, num_layers, designs=pair)]
 
 
-def _pick(spec: Any, name: str, what: str) -> Any:
+def _pick(spec: Any, name: str) -> Any:
     """A per-design setting: one value for all designs, or a mapping design name → value."""
     if isinstance(spec, Mapping):
         known = {get_design(k).name: v for k, v in spec.items()}
@@ -454,7 +454,7 @@ def patch_model(
     head_dim = int(layers[0].self_attn.head_dim)
     base = float(rope.get("rope_theta", 10000.0))
     geometries = {
-        n: _geometry(n, per_design.get(n, {}), _pick(allocation, n, "allocation"), head_dim, base, sections, native)
+        n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native)
         for n in dict.fromkeys(names)
     }
     vcfg = getattr(inner.config, "vision_config", None)
