@@ -46,3 +46,10 @@ def test_bad_input_is_reported_not_a_traceback(capsys):
     assert "unknown design" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["positions", "T2", "-o", "alpha"])
+
+
+def test_relative_command_classifies_families(capsys):
+    assert main(["relative", "--head-dim", "48", "--trials", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["exact"] == r["expected_exact"] for r in rows)
+    assert not next(r for r in rows if r["name"] == "GeoPE 2-D")["exact"]

@@ -25,3 +25,17 @@ def test_tiny_vit_forward_backward():
     loss = torch.nn.functional.cross_entropy(vit(x), torch.tensor([0, 2]))
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in vit.parameters())
+
+
+def test_geope_and_mixed_plug_into_the_vit():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    geo = TinyViT(image_size=16, patch=4, dim=48, depth=1, heads=2, num_classes=3,
+                  rotary_factory=lambda i: ropekit.GeoPE(24))
+    geo(x).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in geo.parameters())
+    # GeoPE object == functional path
+    q, k = torch.randn(1, 2, 9, 24), torch.randn(1, 2, 9, 24)
+    c = torch.rand(9, 2) * 5
+    ref = ropekit.apply_geope(q, ropekit.geope_rotation(c, 24))
+    torch.testing.assert_close(ropekit.GeoPE(24).rotate(q, k, c)[0], ref, rtol=0, atol=0)

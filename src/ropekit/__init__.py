@@ -16,6 +16,10 @@ from .analysis.kernel import expected_kernel
 from .index import decode_positions, rope_index
 from .rotations.directional import directional_matrix, nd_directions
 from .rotations.mixed import MixedFrequencies, mixed_init
+from .rotations.geope import GeoPERotation, geope_frequencies, geope_rotation
+from .apply.geope import GeoPE, apply_geope, apply_geope_qk
+from .apply.linear_geope import linear_geope_attention
+from .analysis.relative import geope_expected_kernel, relative_error, relative_table
 
 __version__ = "0.1.0"
 
@@ -27,4 +31,6 @@ __all__ = [
     "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "rope_index", "decode_positions",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
+    "GeoPE", "GeoPERotation", "geope_frequencies", "geope_rotation", "apply_geope", "apply_geope_qk",
+    "linear_geope_attention", "relative_error", "relative_table", "geope_expected_kernel",
 ]

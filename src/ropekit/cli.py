@@ -76,6 +76,20 @@ def _cmd_designs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_relative(args: argparse.Namespace) -> int:
+    from .analysis.relative import relative_table
+
+    rows = relative_table(args.head_dim, num_trials=args.trials)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"relative-position error, head_dim {args.head_dim} (max |score(m,n) - score(m+d,n+d)| / rms score)")
+    for r in rows:
+        verdict = "exactly relative" if r["exact"] else "NOT relative"
+        print(f"  {r['name']:<36} {r['ratio']:10.2e}  {verdict}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ropekit", description="Geometric rotary position embeddings.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -98,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--design", action="append", help="repeatable; default: every design")
     pt.add_argument("--json", action="store_true")
     pt.set_defaults(func=_cmd_ptd)
+
+    rl = sub.add_parser("relative", help="which embeddings are exactly relative (measured)")
+    rl.add_argument("--head-dim", type=int, default=96)
+    rl.add_argument("--trials", type=int, default=128)
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(func=_cmd_relative)
 
     ds = sub.add_parser("designs", help="list the registered position designs")
     ds.set_defaults(func=_cmd_designs)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..rotations.geope import GeoPERotation
+from ..rotations.geope import GeoPERotation, geope_rotation
 
-__all__ = ["apply_geope", "apply_geope_qk", "rotate_triples"]
+__all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
 
 
 def rotate_triples(
@@ -96,3 +96,22 @@ def apply_geope_qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys with the same GeoPE rotation."""
     return apply_geope(q, rotation, seq_dim=seq_dim), apply_geope(k, rotation, seq_dim=seq_dim)
+
+
+class GeoPE:
+    """GeoPE as a rotary object (``rotate(q, k, coords)``), usable wherever a :class:`ropekit.RoPE` is.
+
+    Not exactly relative (GeoPE §3.4); see :func:`ropekit.linear_geope_attention` for the variant that is.
+    """
+
+    def __init__(self, head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing") -> None:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 3:
+            raise ValueError(f"GeoPE: `head_dim` must be an int >= 3 (one channel triple), got {head_dim!r}")
+        self.head_dim, self.lam, self.freq_style = head_dim, lam, freq_style
+
+    def rotation(self, coords: torch.Tensor) -> GeoPERotation:
+        """Per-token, per-triple rotations for coordinates ``(..., L, A)``; compute once per forward."""
+        return geope_rotation(coords, self.head_dim, lam=self.lam, freq_style=self.freq_style)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, coords: torch.Tensor, *, seq_dim: int = -2):
+        return apply_geope_qk(q, k, self.rotation(coords.to(q.device)), seq_dim=seq_dim)
