@@ -303,6 +303,14 @@ def test_cached_generation_matches_teacher_forcing(qwen2, design):
     _generate_and_replay(qwen2, inputs)
 
 
+def test_generation_past_the_placed_text(qwen2, monkeypatch):
+    """The continuation table grows when generation runs past what the prompt placed ahead."""
+    monkeypatch.setattr(hfpatch, "FOLLOW", 1)
+    inputs, _ = make_batch(pad="left")
+    patch_model(qwen2, ("vrope", "compact"), age="alternate")
+    _generate_and_replay(qwen2, inputs, new=5)
+
+
 def _age_pairs():
     others = [d for d in DESIGNS if d != "mrope"]
     return [(d, "mrope") for d in others]

@@ -7,8 +7,9 @@
   ``image_grid_thw``, ``video_grid_thw``, ``attention_mask``);
 - its rotation is the frequency matrix of a ropekit allocation (SPEC §4), evaluated once per geometry
   per forward (Circle-RoPE paper §4.2: AGE gives each decoder layer one of several geometries);
-- cached decoding continues every geometry from its own per-axis offset, so ``generate`` sees exactly
-  the positions one teacher-forced forward over the whole sequence gives.
+- cached decoding reads every geometry's positions for the text after the prompt from the design
+  itself, so ``generate`` sees exactly the positions one teacher-forced forward over the whole
+  sequence gives.
 
 Four hooks are set as instance attributes and removed again by :func:`unpatch_model`: the model's
 ``compute_3d_position_ids`` (positions), the text model's ``rotary_emb.forward`` (cos/sin per geometry),
@@ -26,7 +27,7 @@ from torch import nn
 from ..age import age_schedule
 from ..designs import get_design
 from ..designs.registry import check_options
-from ..index import decode_positions, rope_index
+from ..index import rope_index
 from ..rotations.planar import angles, frequency_matrix
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -65,7 +66,7 @@ class _State:
     image_token_id: Optional[int]
     video_token_id: Optional[int]
     saved: list = field(default_factory=list)  # (object, attribute, previous value or _MISSING)
-    deltas: Optional[dict[str, torch.Tensor]] = None  # per geometry, (B, A): continuation offsets
+    prompt: Optional["_Prompt"] = None  # the last prompt placed, for cached decoding
     pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
     stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
     last: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -192,16 +193,27 @@ def _token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length
     return torch.zeros(batch, length, dtype=torch.long, device=device)
 
 
-def _prefill(state: _State, types, image_grid_thw, video_grid_thw, mask, second_per_grid_ts) -> None:
-    """Positions of a fresh sequence for every geometry, and each geometry's per-axis continuation.
+@dataclass
+class _Prompt:
+    """A placed prompt (un-expanded batch) and the positions of the text that may follow it."""
 
-    One text token is appended to every sample: its position minus the sample's token count is the
-    offset later tokens continue from — exactly where a teacher-forced pass would put them.
-    """
-    batch, length = types.shape
-    ext_types = torch.cat([types, types.new_zeros(batch, 1)], dim=1)
-    ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-    count = torch.full((batch,), float(length)) if mask is None else mask.sum(dim=1).float().cpu()
+    types: torch.Tensor  # (B, L) token types on the CPU
+    mask: Optional[torch.Tensor]  # (B, L) 0/1 or None
+    grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts)
+    counts: torch.Tensor  # (B,) valid prompt tokens
+    table: dict[str, torch.Tensor]  # per geometry (A, B, M): positions of the next M text tokens
+
+
+FOLLOW = 16  # text tokens placed ahead at the prompt; the table doubles when generation runs past it
+
+
+def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor]:
+    """Each geometry's positions ``(A, B, L + extra)`` of the prompt followed by ``extra`` text tokens."""
+    types, mask = prompt.types, prompt.mask
+    batch = types.shape[0]
+    ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
+    ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
+    image_grid_thw, video_grid_thw, seconds = prompt.grids
     if state.model_type == "qwen3_vl" and video_grid_thw is not None:
         # Qwen3-VL separates video frames with timestamp text: one grid per frame
         g = torch.as_tensor(video_grid_thw)
@@ -209,24 +221,38 @@ def _prefill(state: _State, types, image_grid_thw, video_grid_thw, mask, second_
         video_grid_thw[:, 0] = 1
     timing = {}
     if state.tokens_per_second is not None:
-        timing = dict(tokens_per_second=state.tokens_per_second, second_per_grid_ts=second_per_grid_ts)
-    pending, deltas = {}, {}
+        timing = dict(tokens_per_second=state.tokens_per_second, second_per_grid_ts=seconds)
+    out = {}
     for name, geo in state.geometries.items():
         try:
-            pos, _ = rope_index(
+            out[name], _ = rope_index(
                 None, ext_types, image_grid_thw, video_grid_thw, ext_mask, design=name,
                 spatial_merge_size=state.merge, **timing, **geo.options,
             )
         except ValueError as e:
             raise ValueError(f"patched model (design {name!r}): {e}") from None
-        pending[name] = pos[:, :, :length]
-        deltas[name] = (pos[:, :, length].T.double().cpu() - count[:, None].double()).float()
-    state.pending, state.deltas = pending, deltas
+    return out
+
+
+def _prefill(state: _State, types, image_grid_thw, video_grid_thw, mask, second_per_grid_ts) -> None:
+    """Positions of a fresh sequence for every geometry, plus where the text after it goes.
+
+    The design places the prompt followed by ``FOLLOW`` text tokens, so a generated token gets exactly
+    the position a teacher-forced pass over the whole sequence gives it (float designs included).
+    """
+    length = types.shape[1]
+    counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
+    prompt = _Prompt(types, mask, (image_grid_thw, video_grid_thw, second_per_grid_ts), counts, {})
+    placed = _place(state, prompt, FOLLOW)
+    prompt.table = {n: p[:, :, length:] for n, p in placed.items()}
+    state.prompt = prompt
+    state.pending = {n: p[:, :, :length] for n, p in placed.items()}
 
 
 def _decode(state: _State, types, mask, past: int, batch: int, length: int) -> None:
-    """Positions of ``length`` new tokens after ``past`` cached ones: cache index + each geometry's offset."""
-    if state.deltas is None:
+    """Positions of ``length`` new text tokens after ``past`` cached ones, read off each geometry's table."""
+    prompt = state.prompt
+    if prompt is None:
         raise ValueError(
             "patched model: a cached forward needs the prompt to have gone through the patched model first "
             "(call patch_model before the prefill, or rerun without past_key_values)"
@@ -236,17 +262,29 @@ def _decode(state: _State, types, mask, past: int, batch: int, length: int) -> N
             "patched model: new image/video tokens after a KV cache are not supported; run the whole "
             "sequence again without past_key_values"
         )
-    if mask is not None and tuple(mask.shape) != (batch, past + length):
-        mask = None
+    base = prompt.counts.shape[0]
+    if batch % base:
+        raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} cached sequences")
+    k = batch // base
+    if mask is not None and tuple(mask.shape) == (batch, past + length):
+        keep = mask != 0
+        idx = (keep.long().cumsum(-1) - 1)[:, -length:]
+        new = keep[:, -length:]
+    else:
+        idx = torch.arange(past, past + length).expand(batch, length)
+        new = torch.ones(batch, length, dtype=torch.bool)
+    after = (idx - prompt.counts.repeat_interleave(k)[:, None]).clamp(min=0)  # text tokens since the prompt
+    need = int(after.max()) + 1
+    size = next(iter(prompt.table.values())).shape[2]
+    if need > size:
+        grow = max(2 * size, need)
+        placed = _place(state, prompt, grow)
+        prompt.table = {n: p[:, :, -grow:] for n, p in placed.items()}
     pending = {}
-    for name, delta in state.deltas.items():
-        if delta.shape[0] != batch:
-            if batch % delta.shape[0]:
-                raise ValueError(
-                    f"patched model: batch of {batch} cannot continue the {delta.shape[0]} cached sequences"
-                )
-            delta = delta.repeat_interleave(batch // delta.shape[0], dim=0)
-        pending[name] = decode_positions(delta, past, length, delta.shape[1], attention_mask=mask)
+    for name, table in prompt.table.items():
+        t = table.repeat_interleave(k, dim=1) if k > 1 else table
+        pos = t.gather(2, after[None].expand(t.shape[0], -1, -1).to(t.device))
+        pending[name] = pos.masked_fill(~new[None].to(t.device), 0.0)  # padding sits at 0, as in a full pass
     state.pending = pending
 
 
