@@ -1,0 +1,146 @@
+"""Circle-RoPE (CIP): a per-token re-computation of paper §4.1 / SPEC §3, and its invariants."""
+import math
+import random
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.analysis.metrics import layout_ptd, ptd
+from ropekit.designs.circle import ring_offsets
+
+
+def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.0, 1.0)):
+    """Straight from the SPEC text with Python floats, one token at a time; returns [(t, h, w)]."""
+    xs = [j for i in range(h) for j in range(w)]
+    ys = [i for i in range(h) for j in range(w)]
+    cx, cy = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2
+    xc = [x - cx for x in xs]
+    yc = [0.0 if y == cy else y - cy for y in ys]
+    ang = [math.atan2(y, x) for x, y in zip(xc, yc)]
+    lo, hi = min(ang), max(ang)
+    N = h * w
+    if radius == "auto":
+        if measure == "l2":
+            R = k * max(math.hypot(x, y) for x, y in zip(xc, yc))
+        else:
+            R = k * max(max(abs(x), abs(y)) for x, y in zip(xc, yc))
+    else:
+        R = radius
+    norm = math.sqrt(sum(c * c for c in n))
+    nx, ny, nz = (c / norm for c in n)
+    ul = math.hypot(nx, ny)
+    u = (-ny / ul, nx / ul, 0.0) if ul > 0 else (1.0, 0.0, 0.0)
+    v = (ny * u[2] - nz * u[1], nz * u[0] - nx * u[2], nx * u[1] - ny * u[0])
+    out = []
+    for idx in range(N):
+        sa = (ang[idx] - lo) / (hi - lo) * 2 * math.pi if hi - lo > 0 else 0.0
+        th = alpha * sa + (1 - alpha) * 2 * math.pi * idx / N
+        a, b = R * math.cos(th), R * math.sin(th)
+        c = [a * u[m] + b * v[m] for m in range(3)]
+        out.append((c[2], c[1], c[0]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ring_matches_per_token_reference(seed):
+    rnd = random.Random(seed)
+    h, w = rnd.randint(1, 7), rnd.randint(1, 7)
+    opts = dict(alpha=rnd.choice([0.0, 0.3, 0.5, 1.0]), radius=rnd.choice([10.0, 3.5, "auto"]),
+                k=rnd.choice([1.0, 2.0]), measure=rnd.choice(["l2", "max_abs"]))
+    n = rnd.choice([(1.0, 1.0, 1.0), (0.2, -1.0, 0.7), (0.0, 0.0, 2.0)])
+    got = ring_offsets(h, w, text_vector=n, **opts)
+    ref = torch.tensor(reference_ring(h, w, n=n, **opts), dtype=torch.float64)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+
+
+def test_spec_closed_form_axis_order():
+    ring = ring_offsets(3, 3, alpha=0.0)  # pure grid-index angle: θ_k = 2πk/9
+    for kk, (t, h, w) in enumerate(ring.tolist()):
+        a, b = 10 * math.cos(2 * math.pi * kk / 9), 10 * math.sin(2 * math.pi * kk / 9)
+        assert (t, h, w) == pytest.approx((2 * b / math.sqrt(6), a / math.sqrt(2) - b / math.sqrt(6),
+                                           -a / math.sqrt(2) - b / math.sqrt(6)), abs=1e-12)
+
+
+def test_negative_x_axis_gets_plus_pi_and_sa_spans_full_turn():
+    # 1×3 strip: centred x' = (-1, 0, 1), y' = +0 → atan2 = (π, 0, 0); SA normalises to (2π, 0, 0)
+    ring = ring_offsets(1, 3, alpha=1.0)
+    # alpha = 1: pure SA; SA = 2π for the left point lands where SA = 0 does
+    torch.testing.assert_close(ring[0], ring[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["T3 I4x4 T2", "I3x3 T5", "T2 I2x5 T3 I3x3 T1", "T4 V3x2x2 T4"])
+@pytest.mark.parametrize("opts", [{}, {"radius": "auto", "k": 2.0}, {"alpha": 0.0, "delta": 3.0},
+                                  {"radius": "auto", "measure": "max_abs"}])
+def test_ptd_is_zero_for_every_ring(layout, opts):
+    lay = ropekit.Layout.parse(layout)
+    c = ropekit.positions(lay, "circle", **opts).double()
+    kinds = lay.token_types()
+    text = c[kinds == 0]
+    start = 0
+    for seg in lay:  # each ring (each image, each video frame) separately
+        if not isinstance(seg, ropekit.Text):
+            frames = getattr(seg, "t", 1)
+            per = seg.num_tokens // frames
+            for f in range(frames):
+                ring = c[start + f * per: start + (f + 1) * per]
+                assert ptd(text, ring) < 1e-5
+        start += seg.num_tokens
+    if sum(not isinstance(s, ropekit.Text) for s in lay) == 1 and not layout.count("V"):
+        assert layout_ptd(lay, "circle", **opts) < 1e-5  # one ring: the whole-layout PTD is 0 too
+
+
+def test_ring_plane_centre_and_radius():
+    lay = ropekit.Layout.parse("T5 I4x6 T2")
+    c = ropekit.positions(lay, "circle", radius=7.0).double()
+    ring = c[5:29]
+    centre = torch.full((3,), 5.0, dtype=torch.float64)
+    d = ring - centre
+    torch.testing.assert_close(d.norm(dim=1), torch.full((24,), 7.0, dtype=torch.float64), rtol=0, atol=1e-5)
+    torch.testing.assert_close(d @ torch.ones(3, dtype=torch.float64), torch.zeros(24, dtype=torch.float64),
+                               rtol=0, atol=1e-5)
+    # text after the block resumes at the block's largest coordinate + 1, on the diagonal
+    assert c[29, 0].item() == pytest.approx(ring.max().item() + 1, abs=1e-5)
+    assert torch.equal(c[29], c[29, :1].expand(3))
+    # auto-k: R = k · max ‖(x', y')‖ = 2 · hypot(2.5, 1.5)
+    r = ring_offsets(4, 6, radius="auto", k=2.0).norm(dim=1)
+    torch.testing.assert_close(r, torch.full((24,), 2 * math.hypot(2.5, 1.5), dtype=torch.float64))
+    r = ring_offsets(4, 6, radius="auto", measure="max_abs").norm(dim=1)
+    torch.testing.assert_close(r, torch.full((24,), 2.5, dtype=torch.float64))
+
+
+def test_custom_text_vector_sets_the_plane():
+    n = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
+    ring = ring_offsets(3, 4, text_vector=n.tolist())
+    # components were reversed onto (t, h, w): undo before the dot product
+    torch.testing.assert_close(ring.flip(-1) @ n, torch.zeros(12, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_multi_image_offset_and_video_frames():
+    c0 = ropekit.positions("T2 I2x2 T1 I2x2", "circle").double()
+    c1 = ropekit.positions("T2 I2x2 T1 I2x2", "circle", delta=4.0).double()
+    torch.testing.assert_close(c0[:7], c1[:7])  # first image: no offset
+    # the second ring moves by Δ along g, and its start moves with the first block's max
+    assert (c1[7:] - c0[7:]).mean().item() == pytest.approx(4.0, abs=1e-4)
+    v = ropekit.positions("T3 V3x2x2@2.5", "circle").double()
+    frames = v[3:].reshape(3, 4, 3)
+    torch.testing.assert_close(frames[1] - frames[0], torch.full((4, 3), 2.5, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_degenerate_cases_and_text_only():
+    one = ring_offsets(1, 1, radius="auto")
+    assert torch.equal(one, torch.zeros(1, 3, dtype=torch.float64))
+    assert torch.isfinite(ring_offsets(1, 1)).all()
+    assert torch.equal(ropekit.positions("T6", "circle"), ropekit.positions("T6", "mrope"))
+
+
+@pytest.mark.parametrize("opts,match", [
+    ({"alpha": 1.5}, "alpha"), ({"radius": -1.0}, "radius"), ({"radius": "big"}, "radius"),
+    ({"k": 0}, "k"), ({"measure": "l1"}, "measure"), ({"text_vector": (0, 0, 0)}, "text_vector"),
+    ({"text_vector": (1, 2)}, "text_vector"), ({"delta": -1}, "delta"),
+])
+def test_bad_options(opts, match):
+    with pytest.raises(ValueError, match=match):
+        ropekit.positions("T2 I2x2", "circle", **opts)
+    with pytest.raises(TypeError, match="unknown option"):
+        ropekit.positions("T2 I2x2", "circle", radiu=3)
