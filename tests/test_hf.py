@@ -528,6 +528,10 @@ def test_errors(qwen2):
     missing = {k: v for k, v in inputs.items() if k not in ("video_grid_thw", "pixel_values_videos")}
     with pytest.raises(ValueError, match="design 'vrope'.*video tokens but `video_grid_thw` is missing"):
         qwen2(**missing)
+    ids, _ = text_batch()
+    uneven = torch.stack([torch.arange(7.0), torch.arange(7.0) + 0.5, torch.arange(7.0)])[:, None].expand(3, 2, 7)
+    with pytest.raises(ValueError, match="explicit position_ids with 3 axes cannot drive design 'vrope'"):
+        qwen2(input_ids=ids, position_ids=uneven)
     emb = qwen2.get_input_embeddings()(inputs["input_ids"])
     no_types = {k: v for k, v in inputs.items() if k not in ("input_ids", "mm_token_type_ids")}
     no_types = {k: v for k, v in no_types.items() if not k.startswith("pixel")}

@@ -313,7 +313,7 @@ def _from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor]
     return True
 
 
-def _make_compute(state: _State, inner: nn.Module):
+def _make_compute(state: _State):
     def compute_3d_position_ids(
         input_ids=None, inputs_embeds=None, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
         past_key_values=None, mm_token_type_ids=None, second_per_grid_ts=None, **_: Any,
@@ -393,7 +393,7 @@ def _fallback_positions(state: _State, position_ids: torch.Tensor, batch: int, l
     return out
 
 
-def _make_rotary(state: _State, rotary: nn.Module):
+def _make_rotary(state: _State):
     def forward(x: torch.Tensor, position_ids: torch.Tensor) -> _Embeddings:
         """cos/sin of every geometry, once per forward (float32 angles, SPEC §2)."""
         batch, length = x.shape[0], x.shape[1]
@@ -507,8 +507,8 @@ def patch_model(
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
     )
-    _set(state, inner, "compute_3d_position_ids", _make_compute(state, inner))
-    _set(state, text.rotary_emb, "forward", _make_rotary(state, text.rotary_emb))
+    _set(state, inner, "compute_3d_position_ids", _make_compute(state))
+    _set(state, text.rotary_emb, "forward", _make_rotary(state))
     for i, layer in enumerate(layers):
         _set(state, layer, "forward", _make_layer(state, layer, i))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
