@@ -63,10 +63,12 @@ def test_spec_closed_form_axis_order():
 
 
 def test_negative_x_axis_gets_plus_pi_and_sa_spans_full_turn():
-    # 1×3 strip: centred x' = (-1, 0, 1), y' = +0 → atan2 = (π, 0, 0); SA normalises to (2π, 0, 0)
-    ring = ring_offsets(1, 3, alpha=1.0)
-    # alpha = 1: pure SA; SA = 2π for the left point lands where SA = 0 does
-    torch.testing.assert_close(ring[0], ring[1], rtol=0, atol=1e-12)
+    # 3×3, pure SA: the left-middle token (x' = -1, y' = +0) has atan2 = +π = θmax, so SA = 2π; the
+    # top-left token has θmin = atan2(-1, -1), so SA = 0 — the two land on the same ring point. With a
+    # -0.0 row offset the left-middle token would be θmin instead and the top-left would sit at π/4.
+    ring = ring_offsets(3, 3, alpha=1.0)
+    torch.testing.assert_close(ring[3], ring[0], rtol=0, atol=1e-12)
+    assert (ring[3] - ring[1]).norm() > 1.0
 
 
 @pytest.mark.parametrize("layout", ["T3 I4x4 T2", "I3x3 T5", "T2 I2x5 T3 I3x3 T1", "T4 V3x2x2 T4"])
