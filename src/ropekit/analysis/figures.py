@@ -98,7 +98,7 @@ def plot_bias_maps(
                 ax.set_ylabel(f"{name}\n({get_design(name).allocation})", fontsize=9)
         fig.colorbar(im, ax=axes[r, :].tolist(), fraction=0.02, pad=0.01)
     fig.suptitle(f"Expected attention from text after the video to each video token ('{lay}', "
-                 f"head_dim {head_dim}); lighter = more", fontsize=10, y=1.0 + 0.25 / len(designs))
+                 f"head_dim {head_dim}); lighter = more", fontsize=10, y=1.01 + 0.03 / len(designs))
     stats = {d: {"min": float(m.min()), "max": float(m.max()),
                  "spread": float(m.max() - m.min()),
                  "flip_asymmetry": float((m - m.flip(-1).flip(-2)).abs().max())} for d, m in maps.items()}

@@ -63,7 +63,9 @@ def bias_section(out: Path) -> dict:
              f"{s['flip_asymmetry']:.3f}"] for d, s in stats.items()]
     note = ("<p class='note'>Expected positional kernel (isotropic q = k, SPEC §5) from the text tokens after "
             "the video to every video token, per frame (VRoPE fig. 3). A smaller spread means position biases "
-            "attention less; 'flip asymmetry' compares each frame with itself rotated by 180°.</p>")
+            "attention less; 'flip asymmetry' compares each frame with itself rotated by 180°. Note that "
+            "Circle-RoPE's PTD = 0 is a statement about Euclidean distance: under M-RoPE sections the three "
+            "axes rotate at different frequencies, so the kernel still varies around the ring.</p>")
     return {
         "title": "Text → video attention bias",
         "html": note + "<img src='bias_maps.png'>"
