@@ -5,32 +5,47 @@ Four stages, one direction of flow (SPEC §1)::
     Layout ──► position design ──► rotation family ──► apply
     layout.py   designs/            rotations/           apply/
 """
+# 1. layouts
 from .layout import Grid, Image, Layout, Text, Video
+
+# 2. position designs (+ the batched Hugging Face-compatible index, + AGE layer schedules)
 from .designs import Design, designs, get_design, positions, register
-from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
-from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
-from .rope import RoPE, design_frequencies
-from .age import age_schedule
-from .analysis.metrics import ptd, layout_ptd, attention_bias_map
-from .analysis.kernel import expected_kernel
 from .index import decode_positions, rope_index
+from .age import age_schedule
+
+# 3. rotation families
+from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
 from .rotations.directional import directional_matrix, nd_directions
 from .rotations.mixed import MixedFrequencies, mixed_init
 from .rotations.geope import GeoPERotation, geope_frequencies, geope_rotation
+
+# 4. apply
+from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
 from .apply.geope import GeoPE, apply_geope, apply_geope_qk
 from .apply.linear_geope import linear_geope_attention
+
+# all four stages in one object
+from .rope import RoPE, design_frequencies
+
+# analysis and integrations
+from .analysis.metrics import attention_bias_map, layout_ptd, ptd
+from .analysis.kernel import expected_kernel
 from .analysis.relative import geope_expected_kernel, relative_error, relative_table
+from . import hf
+from .hf import patch_model, unpatch_model
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Layout", "Text", "Image", "Video", "Grid",
-    "positions", "designs", "get_design", "register", "Design",
+    "positions", "designs", "get_design", "register", "Design", "rope_index", "decode_positions", "age_schedule",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
-    "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
-    "RoPE", "design_frequencies", "age_schedule", "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
-    "rope_index", "decode_positions",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
-    "GeoPE", "GeoPERotation", "geope_frequencies", "geope_rotation", "apply_geope", "apply_geope_qk",
-    "linear_geope_attention", "relative_error", "relative_table", "geope_expected_kernel",
+    "GeoPERotation", "geope_frequencies", "geope_rotation",
+    "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
+    "GeoPE", "apply_geope", "apply_geope_qk", "linear_geope_attention",
+    "RoPE", "design_frequencies",
+    "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
+    "relative_error", "relative_table", "geope_expected_kernel",
+    "hf", "patch_model", "unpatch_model",
 ]
