@@ -6,20 +6,28 @@ the text disappears, at the price of text leaving the diagonal (no longer plain 
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from ..layout import Layout, Text
-from ._common import as_video
-from .mrope import vision_block
-from .registry import register
+from ..layout import Layout, Segment
+from .mrope import thw_offsets
+from .registry import register, walk
 
-__all__ = ["compact"]
+__all__ = ["compact", "compact_blocks"]
+
+
+def compact_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE-Compact block rule: M-RoPE offsets; each axis advances by its own max offset + 1."""
+    offsets, top = thw_offsets(segments, "compact")
+    return offsets, top + 1.0
 
 
 @register(
     "compact",
     summary="RoPE-Compact: M-RoPE blocks, text resumes per axis from that axis' max + 1",
     allocation="mrope",
+    block_rule=compact_blocks,
 )
 def compact(layout: Layout) -> torch.Tensor:
     """Positions ``(L, 3)`` on the (t, h, w) axes (SPEC §3 ``compact``).
@@ -28,14 +36,4 @@ def compact(layout: Layout) -> torch.Tensor:
     placed as in M-RoPE from the per-axis running index, and afterwards every axis resumes at its
     own largest coordinate + 1. Until the first block this is exactly the diagonal.
     """
-    parts, p = [], torch.zeros(3, dtype=torch.float64)
-    for seg in layout:
-        if isinstance(seg, Text):
-            steps = torch.arange(seg.n, dtype=torch.float64)[:, None]
-            parts.append(p + steps)
-            p = p + seg.n
-            continue
-        block = vision_block(as_video(seg, "compact"), p)
-        parts.append(block)
-        p = block.amax(dim=0) + 1.0
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, compact_blocks)

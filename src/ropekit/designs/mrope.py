@@ -6,13 +6,15 @@ where text resumes after a block exist in the wild; both are offered through ``c
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from ..layout import Layout, Text, Video
-from ._common import as_video, diagonal, frame_grid
-from .registry import register
+from ..layout import Layout, Segment, Video
+from ._common import frame_grid
+from .registry import ragged_arange, register, video_blocks, walk
 
-__all__ = ["vision_block", "mrope", "CONTINUATIONS"]
+__all__ = ["vision_block", "mrope", "mrope_blocks", "thw_offsets", "CONTINUATIONS"]
 
 CONTINUATIONS = ("max", "spatial")
 
@@ -49,11 +51,43 @@ def _check_continuation(continuation: str) -> None:
         )
 
 
+def thw_offsets(segments: Sequence[Segment], design: str = "mrope") -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, h, w) offsets of the tokens of many vision blocks, concatenated ``(Σ n, 3)`` float64, and each
+    block's largest offset per axis ``(S, 3)`` — :func:`vision_block` for all blocks at once."""
+    t, h, w, interval = video_blocks(segments, design)
+    hw = h * w
+    owner, local = ragged_arange(t * hw)
+    frame = local // hw[owner]
+    rest = local - frame * hw[owner]
+    row = rest // w[owner]
+    col = rest - row * w[owner]
+    # floor(f·Δt) in float32, like temporal_index (and transformers)
+    dt = interval.to(torch.float32)
+    time = torch.floor(frame.to(torch.float32) * dt[owner]).to(torch.float64)
+    offsets = torch.stack([time, row.to(torch.float64), col.to(torch.float64)], dim=1)
+    last = torch.floor((t - 1).to(torch.float32) * dt).to(torch.float64)  # Δt >= 0: the last frame is the max
+    top = torch.stack([last, (h - 1).to(torch.float64), (w - 1).to(torch.float64)], dim=1)
+    return offsets, top
+
+
+def mrope_blocks(segments: Sequence[Segment], continuation: str = "max") -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE block rule: offsets ``(floor(f·Δt), i, j)``; the start advances on all axes by the block's
+    max + 1 (``"max"``) or by ``max(H, W)`` (``"spatial"``)."""
+    _check_continuation(continuation)
+    offsets, top = thw_offsets(segments, "mrope")
+    if continuation == "max":
+        step = top.amax(dim=1) + 1.0
+    else:
+        step = top[:, 1:].amax(dim=1) + 1.0  # max(H, W)
+    return offsets, step[:, None].expand(-1, 3).contiguous()
+
+
 @register(
     "mrope",
     summary="M-RoPE (Qwen2-VL): vision (t, h, w) from the block start, text on the diagonal",
     allocation="mrope",
     aliases=("spatial", "rope3d"),
+    block_rule=mrope_blocks,
 )
 def mrope(layout: Layout, continuation: str = "max") -> torch.Tensor:
     """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w) (SPEC §3 "M-RoPE").
@@ -63,15 +97,4 @@ def mrope(layout: Layout, continuation: str = "max") -> torch.Tensor:
     ``continuation="spatial"``: it starts at ``s + max(H, W)`` whatever the number of frames
     (transformers >= 5.3, including for videos, whose temporal indices may then overlap the text).
     """
-    _check_continuation(continuation)
-    parts, p = [], 0.0
-    for seg in layout:
-        if isinstance(seg, Text):
-            parts.append(diagonal(p, seg.n, 3))
-            p += seg.n
-            continue
-        v = as_video(seg, "mrope")
-        block = vision_block(v, p)
-        parts.append(block)
-        p = float(block.max()) + 1.0 if continuation == "max" else p + max(v.h, v.w)
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, mrope_blocks, continuation=continuation)

@@ -1,15 +1,30 @@
-"""The design registry: a position design is one function ``layout -> (L, A) float32`` plus an entry here."""
+"""The design registry: a position design is one function ``layout -> (L, A) float32`` plus an entry here.
+
+Most designs are *translation-structured* (SPEC §3 notation): a running start vector ``p`` (one entry
+per axis) places a text run of ``n`` tokens at ``p + k`` on every axis and advances ``p`` by ``n``; a
+vision segment sits at ``p + offsets`` and advances ``p`` by a vector, both depending only on the
+segment itself. Such a design registers a *block rule* that returns the offsets and advances of many
+segments at once; :func:`walk` turns a rule into the design's positions and
+:func:`ropekit.index.rope_index` uses it to place whole batches without a per-block Python loop.
+"""
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..layout import Layout
+from ..layout import Layout, Segment, Text
+from ._common import as_video
 
-__all__ = ["Design", "register", "get_design", "designs", "positions"]
+__all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks"]
+
+#: ``rule(segments, **options) -> (offsets, advance)``: for vision segments ``s_0 … s_{S-1}``, the
+#: coordinates of their tokens relative to the block start, concatenated in order ``(Σ n_k, A)``, and
+#: how far each moves the running start ``(S, A)``, both float64. Called with no segments it must still
+#: return ``(0, A)`` tensors (that fixes the number of axes) and check its options.
+BlockRule = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +36,7 @@ class Design:
     summary: str
     allocation: str  # the frequency allocation this design is normally paired with
     aliases: tuple = field(default=())
+    block_rule: Optional[BlockRule] = None  # set for translation-structured designs (see module doc)
 
     @property
     def options(self) -> tuple:
@@ -33,13 +49,22 @@ _REGISTRY: dict[str, Design] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register(name: str, *, summary: str, allocation: str, aliases: tuple = ()) -> Callable:
-    """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry."""
+def register(
+    name: str, *, summary: str, allocation: str, aliases: tuple = (), block_rule: Optional[BlockRule] = None
+) -> Callable:
+    """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
+
+    ``block_rule`` (optional) declares the design translation-structured; it must take the same
+    options as ``fn`` and ``fn`` must equal :func:`walk` over it.
+    """
+    if block_rule is not None and not callable(block_rule):
+        raise TypeError(f"register: `block_rule` must be a function (segments, **options) -> (offsets, advance), "
+                        f"got {type(block_rule).__name__}")
 
     def deco(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
-        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases))
+        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule)
         for a in aliases:
             _ALIASES[a] = name
         return fn
@@ -86,3 +111,48 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
     if out.shape[0] != lay.num_tokens or out.ndim != 2:
         raise RuntimeError(f"design {d.name!r} returned shape {tuple(out.shape)} for {lay.num_tokens} tokens")
     return out.to(torch.float32)
+
+
+def ragged_arange(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For consecutive blocks of ``counts[k]`` items: each item's block ``k`` and its index inside the block.
+
+    The vectorised form of ``for k, n in enumerate(counts): for i in range(n): yield k, i``; int64.
+    """
+    counts = counts.to(torch.int64)
+    total = int(counts.sum())
+    owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
+    first = counts.cumsum(0) - counts
+    return owner, torch.arange(total) - first[owner]
+
+
+def video_blocks(segments: Sequence[Segment], design: str) -> tuple[torch.Tensor, ...]:
+    """Frames ``t``, height ``h``, width ``w`` (int64) and interval ``Δt`` (float64) of each segment viewed as
+    a video (images are one frame with Δt = 0, 2-/3-D grids an image/video), shape ``(S,)`` each."""
+    vids = [as_video(s, design) for s in segments]
+    t = torch.tensor([v.t for v in vids], dtype=torch.int64)
+    h = torch.tensor([v.h for v in vids], dtype=torch.int64)
+    w = torch.tensor([v.w for v in vids], dtype=torch.int64)
+    return t, h, w, torch.tensor([v.interval for v in vids], dtype=torch.float64)
+
+
+def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
+    """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the shared walk of SPEC §3).
+
+    The running start ``p`` begins at 0 on every axis; text takes ``p, p+1, …`` (per axis) and moves
+    ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance. The
+    arithmetic is float64, rounded to float32 once at the end.
+    """
+    vision = [s for s in layout if not isinstance(s, Text)]
+    offsets, advance = rule(vision, **options)
+    axes = advance.shape[1]
+    parts, p, row, k = [], torch.zeros(axes, dtype=torch.float64), 0, 0
+    for seg in layout:
+        if isinstance(seg, Text):
+            parts.append(p + torch.arange(seg.n, dtype=torch.float64)[:, None])
+            p = p + seg.n
+            continue
+        n = seg.num_tokens
+        parts.append(p + offsets[row: row + n])
+        p = p + advance[k]
+        row, k = row + n, k + 1
+    return torch.cat(parts).to(torch.float32)

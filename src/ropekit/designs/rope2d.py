@@ -18,13 +18,15 @@ a fine-tuned LLM needs. Pixtral's own channel order is ``rope2d_pixtral_permutat
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from ..layout import Layout, Text
-from ._common import as_video, diagonal, frame_grid
-from .registry import register
+from ..layout import Layout, Segment
+from ._common import frame_grid
+from .registry import ragged_arange, register, video_blocks, walk
 
-__all__ = ["rope2d", "rope2d_block", "rope2d_pixtral_permutation"]
+__all__ = ["rope2d", "rope2d_block", "rope2d_blocks", "rope2d_pixtral_permutation"]
 
 
 def rope2d_block(frames: int, h: int, w: int, start: float = 0.0) -> torch.Tensor:
@@ -47,10 +49,25 @@ def rope2d_pixtral_permutation(rotary_dim: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, half, 2), torch.arange(1, half, 2)])
 
 
+def rope2d_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE-2D block rule: token (f, i, j) at ``f·max(H, W) + (i, j)``; the start advances by ``T·max(H, W)``
+    on both axes — :func:`rope2d_block` for all blocks at once."""
+    t, h, w, _ = video_blocks(segments, "rope2d")
+    hw, side = h * w, torch.maximum(h, w)
+    owner, local = ragged_arange(t * hw)
+    frame = local // hw[owner]
+    rest = local - frame * hw[owner]
+    row = rest // w[owner]
+    shift = frame * side[owner]
+    offsets = torch.stack([row + shift, rest - row * w[owner] + shift], dim=1).to(torch.float64)
+    return offsets, (t * side).to(torch.float64)[:, None].expand(-1, 2).contiguous()
+
+
 @register(
     "rope2d",
     summary="RoPE-2D (Pixtral-style): per-frame (row, col), frames one after another, text on the diagonal",
     allocation="interleaved",
+    block_rule=rope2d_blocks,
 )
 def rope2d(layout: Layout) -> torch.Tensor:
     """RoPE-2D positions ``(L, 2)`` on the (row, col) axes (SPEC §3 ``rope2d``).
@@ -58,13 +75,4 @@ def rope2d(layout: Layout) -> torch.Tensor:
     Images and 2-D grids are one frame, videos and 3-D grids ``T`` frames; the next frame (or the
     text after the block) starts ``max(H, W)`` after the previous frame's start.
     """
-    parts, p = [], 0.0
-    for seg in layout:
-        if isinstance(seg, Text):
-            parts.append(diagonal(p, seg.n, 2))
-            p += seg.n
-            continue
-        v = as_video(seg, "rope2d")
-        parts.append(rope2d_block(v.t, v.h, v.w, p))
-        p += v.t * max(v.h, v.w)
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, rope2d_blocks)

@@ -1,24 +1,32 @@
 """Shared index ("unordered", mPLUG-Owl3): all tokens of an image (or of one video frame) share an index."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from ..layout import Layout, Text, Video
-from ._common import as_video, diagonal
-from .registry import register
+from ..layout import Layout, Segment
+from .registry import ragged_arange, register, video_blocks, walk
+
+__all__ = ["shared", "shared_blocks"]
 
 
-@register("shared", summary="one index per image / per video frame", allocation="1d", aliases=("unordered",))
+def shared_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared-index block rule: every token of frame f at offset f; the start advances by the frame count."""
+    t, h, w, _ = video_blocks(segments, "shared")
+    hw = h * w
+    owner, local = ragged_arange(t * hw)
+    frame = local // hw[owner]
+    return frame.to(torch.float64)[:, None], t.to(torch.float64)[:, None]
+
+
+@register(
+    "shared",
+    summary="one index per image / per video frame",
+    allocation="1d",
+    aliases=("unordered",),
+    block_rule=shared_blocks,
+)
 def shared(layout: Layout) -> torch.Tensor:
     """Image → one index ``s``; video frame f → ``s + f``; text after the block ``+1`` (SPEC §3)."""
-    parts, p = [], 0.0
-    for seg in layout:
-        if isinstance(seg, Text):
-            parts.append(diagonal(p, seg.n, 1))
-            p += seg.n
-            continue
-        v = as_video(seg, "shared")
-        frame = torch.arange(v.t, dtype=torch.float64) + p
-        parts.append(frame.repeat_interleave(v.h * v.w)[:, None])
-        p += v.t
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, shared_blocks)

@@ -33,10 +33,9 @@ from typing import Sequence
 import torch
 
 from ..layout import Grid, Image, Layout, Segment, Text, Video
-from ._common import diagonal
-from .registry import register
+from .registry import ragged_arange, register, walk
 
-__all__ = ["vrope", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS"]
+__all__ = ["vrope", "vrope_blocks", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS"]
 
 ORDERS = ("reference", "paper")
 
@@ -103,9 +102,9 @@ def _frames(seg: Segment) -> tuple[int, tuple]:
     raise TypeError(f"vrope: unsupported segment {seg!r}")
 
 
-def _spatial_rank(layout: Layout, spatial_dims: int | None) -> int:
+def _spatial_rank(segments: Sequence[Segment], spatial_dims: int | None) -> int:
     ranks = {}
-    for seg in layout:
+    for seg in segments:
         if not isinstance(seg, Text):
             ranks.setdefault(len(_frames(seg)[1]), str(seg))
     if spatial_dims is not None:
@@ -128,10 +127,39 @@ def _spatial_rank(layout: Layout, spatial_dims: int | None) -> int:
     return next(iter(ranks), 2)
 
 
+def vrope_blocks(
+    segments: Sequence[Segment], spatial_dims: int | None = None, order: str = "reference"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VRoPE block rule: frame f of a block at ``f·(Σ sizes − N + 1)`` plus :func:`frame_coordinates`; the
+    start advances by ``T·(Σ sizes − N + 1)`` on all ``2^N`` axes. All blocks must share the rank N."""
+    _check_order(order)
+    n = _spatial_rank(segments, spatial_dims)
+    frames, sizes = zip(*(_frames(s) for s in segments)) if segments else ((), ())
+    t = torch.tensor(frames, dtype=torch.int64)
+    size = torch.tensor(sizes, dtype=torch.int64).reshape(len(segments), n)
+    area = size.prod(dim=1)
+    step = size.sum(dim=1) - n + 1  # frame_length
+    owner, local = ragged_arange(t * area)
+    frame = local // area[owner]
+    rest = local - frame * area[owner]
+    # row-major digits of the in-frame index, last axis fastest
+    digits, tok_size = [], size[owner]
+    for a in range(n - 1, -1, -1):
+        digits.append(rest % tok_size[:, a])
+        rest = rest // tok_size[:, a]
+    x = torch.stack(digits[::-1], dim=1).to(torch.float64)  # (tokens, N)
+    reflected = tok_size.to(torch.float64) - 1.0 - x
+    flips = flip_patterns(n, order).to(torch.bool)  # (2^N, N)
+    picked = torch.where(flips[None], reflected[:, None, :], x[:, None, :]).sum(-1)  # (tokens, 2^N)
+    offsets = picked + (frame * step[owner]).to(torch.float64)[:, None]
+    return offsets, (t * step).to(torch.float64)[:, None].expand(-1, 2**n).contiguous()
+
+
 @register(
     "vrope",
     summary="VRoPE: 2^N symmetric rotated coordinates per token (4 on video frames), text continues seamlessly",
     allocation="vrope",
+    block_rule=vrope_blocks,
 )
 def vrope(layout: Layout, spatial_dims: int | None = None, order: str = "reference") -> torch.Tensor:
     """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7; SPEC §3 "VRoPE").
@@ -141,19 +169,4 @@ def vrope(layout: Layout, spatial_dims: int | None = None, order: str = "referen
     ``order`` chooses the coordinate order: ``"reference"`` (released code, SPEC) or ``"paper"`` (eq. 8).
     Pair with ``frequency_matrix("vrope", D, 2**N)``: frequency k uses coordinate ``k mod 2^N``.
     """
-    _check_order(order)
-    n = _spatial_rank(layout, spatial_dims)
-    axes = 2**n
-    parts, p = [], 0.0
-    for seg in layout:
-        if isinstance(seg, Text):
-            parts.append(diagonal(p, seg.n, axes))
-            p += seg.n
-            continue
-        frames, sizes = _frames(seg)
-        step = frame_length(sizes)
-        one = frame_coordinates(sizes, 0.0, order)
-        offsets = p + step * torch.arange(frames, dtype=torch.float64)
-        parts.append((one[None] + offsets[:, None, None]).reshape(-1, axes))
-        p += frames * step
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, vrope_blocks, spatial_dims=spatial_dims, order=order)
