@@ -146,3 +146,50 @@ def test_bad_options(opts, match):
         ropekit.positions("T2 I2x2", "circle", **opts)
     with pytest.raises(TypeError, match="unknown option"):
         ropekit.positions("T2 I2x2", "circle", radiu=3)
+
+
+def test_strips_by_hand():
+    # 1×5: y' = +0 everywhere, so atan2 is 0 (x' >= 0) or +π (x' < 0) → SA ∈ {0, 2π}: pure SA puts every
+    # token on one ring point. 5×1: atan2 ∈ {−π/2, 0, π/2} → SA ∈ {0, π, 2π}: both ends coincide, the
+    # middle is diametrically opposite.
+    row = ring_offsets(1, 5, alpha=1.0)
+    torch.testing.assert_close(row, row[:1].expand(5, 3), rtol=0, atol=1e-12)
+    col = ring_offsets(5, 1, alpha=1.0)
+    torch.testing.assert_close(col[0], col[4], rtol=0, atol=1e-12)
+    torch.testing.assert_close(col[2], -col[0], rtol=0, atol=1e-12)
+    for h, w in [(1, 4), (6, 1), (1, 1)]:
+        ref = torch.tensor(reference_ring(h, w, alpha=0.3, radius="auto", k=1.5), dtype=torch.float64)
+        torch.testing.assert_close(ring_offsets(h, w, alpha=0.3, radius="auto", k=1.5), ref, rtol=0, atol=1e-12)
+
+
+def test_alpha_extremes():
+    # α = 1: the angle is the spatial angle alone, so tokens on one ray from the grid centre coincide
+    ring = ring_offsets(5, 5, alpha=1.0).reshape(5, 5, 3)
+    torch.testing.assert_close(ring[0, 0], ring[1, 1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(ring[2, 4], ring[2, 3], rtol=0, atol=1e-12)
+    # α = 0: the angle is the scan index alone, so the grid's shape does not matter
+    torch.testing.assert_close(ring_offsets(3, 4, alpha=0.0), ring_offsets(1, 12, alpha=0.0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ring_offsets(3, 4, alpha=0.0), ring_offsets(6, 2, alpha=0.0), rtol=0, atol=1e-12)
+
+
+def test_text_only_is_the_diagonal():
+    c = ropekit.positions("T7", "circle")
+    assert c.dtype == torch.float32
+    assert torch.equal(c, torch.arange(7, dtype=torch.float32)[:, None].expand(7, 3))
+
+
+@pytest.mark.parametrize("layout", ["T3 I3x5 T4", "T2 V2x3x3@1.5 T2 I2x2 T3"])
+def test_every_text_token_equidistant_from_each_ring(layout):
+    # direct check without the PTD metric: per text token, the spread of its distances to one ring is 0
+    lay = ropekit.Layout.parse(layout)
+    c = ropekit.positions(lay, "circle", alpha=0.7, radius="auto", k=1.3, delta=2.0).double()
+    text = c[lay.token_types() == 0]
+    start = 0
+    for seg in lay:
+        if not isinstance(seg, ropekit.Text):
+            frames = getattr(seg, "t", 1)
+            per = seg.num_tokens // frames
+            for f in range(frames):
+                d = torch.cdist(text, c[start + f * per: start + (f + 1) * per])
+                assert (d.max(dim=1).values - d.min(dim=1).values).max() < 1e-4
+        start += seg.num_tokens
