@@ -2,9 +2,12 @@
 
 :func:`rope_index` is a drop-in for the ``get_rope_index`` of transformers' Qwen2-VL / Qwen2.5-VL
 models (same arguments, same ``(positions, deltas)`` result), generalised from M-RoPE to every
-registered design: each sample's token types are run-length encoded into a :class:`~ropekit.Layout`,
-the design places that layout once (equal layouts share the work), and the coordinates are scattered
-into the padded batch. :func:`decode_positions` continues a sequence during cached generation.
+registered design. Designs with a block rule (see :mod:`ropekit.designs.registry`) are placed for the
+whole batch at once with tensor operations: the padded batch is run-length encoded, each distinct
+vision block is placed once by the rule, per-sample exclusive sums of the advances give every
+segment's start, and one gather writes every token. Other designs fall back to one
+:func:`~ropekit.positions` call per distinct sample layout. :func:`decode_positions` continues a
+sequence during cached generation.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .designs import positions
+from .designs.registry import check_options, get_design
 from .layout import IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions"]
@@ -86,15 +90,15 @@ def _intervals(num_videos: int, second_per_grid_ts, tokens_per_second) -> list[f
     return [float(tokens_per_second * s[v]) for v in range(num_videos)]
 
 
-def _assign(run_len: torch.Tensor, grids: Optional[torch.Tensor], name: str, kind: str) -> list[list[int]]:
-    """Split the runs of one modality into whole grids (in order); returns the grid indices of each run."""
+def _assign(run_len: torch.Tensor, grids: Optional[torch.Tensor], name: str, kind: str) -> torch.Tensor:
+    """Split the runs of one modality into whole grids (in order); returns the run index of each grid."""
     if run_len.numel() == 0:
         if grids is not None and grids.shape[0]:
             raise ValueError(
                 f"rope_index: `{name}` describes {grids.shape[0]} {kind}(s) but `mm_token_type_ids` "
                 f"holds no {kind} tokens (after the attention mask)"
             )
-        return []
+        return torch.zeros(0, dtype=torch.int64)
     if grids is None or grids.shape[0] == 0:
         raise ValueError(f"rope_index: `mm_token_type_ids` holds {kind} tokens but `{name}` is missing; pass the grids")
     tokens = grids.prod(dim=1)
@@ -109,9 +113,13 @@ def _assign(run_len: torch.Tensor, grids: Optional[torch.Tensor], name: str, kin
             f"rope_index: the runs of {kind} tokens in `mm_token_type_ids` (lengths {run_len.tolist()}) do not split "
             f"into whole {kind}s of `{name}` (tokens per {kind}: {tokens.tolist()})"
         )
-    owner = torch.searchsorted(cum_r, cum_g).tolist()
-    out: list[list[int]] = [[] for _ in range(run_len.numel())]
-    for k, r in enumerate(owner):
+    return torch.searchsorted(cum_r, cum_g)
+
+
+def _grids_of_runs(owner: torch.Tensor, num_runs: int) -> list[list[int]]:
+    """Grid indices of each run, from the run index of each grid."""
+    out: list[list[int]] = [[] for _ in range(num_runs)]
+    for k, r in enumerate(owner.tolist()):
         out[r].append(k)
     return out
 
@@ -154,7 +162,8 @@ def rope_index(
     if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
         raise ValueError(f"rope_index: `spatial_merge_size` must be an int >= 1, got {spatial_merge_size!r}")
     types = types.to("cpu", torch.int64)
-    if ((types < TEXT) | (types > VIDEO)).any():
+    low, high = torch.aminmax(types) if types.numel() else (torch.tensor(TEXT), torch.tensor(VIDEO))
+    if low < TEXT or high > VIDEO:
         raise ValueError(
             f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
             f"got {sorted(set(types.unique().tolist()))}"
@@ -163,13 +172,41 @@ def rope_index(
         valid = torch.ones(shape, dtype=torch.bool)
     else:
         mask = _check_2d(attention_mask, "attention_mask", shape).cpu()
-        if ((mask != 0) & (mask != 1)).any():
+        if mask.dtype == torch.bool:
+            bad = False
+        elif mask.is_floating_point() or not mask.numel():
+            bad = bool(((mask != 0) & (mask != 1)).any())
+        else:  # integers: one pass
+            low, high = torch.aminmax(mask)
+            bad = bool(low < 0 or high > 1)
+        if bad:
             raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
         valid = mask.bool()
     images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size)
     videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size)
     intervals = _intervals(0 if videos is None else videos.shape[0], second_per_grid_ts, tokens_per_second)
 
+    rule = get_design(design).block_rule
+    check_options(get_design(design), design_options)
+    if rule is not None and types.numel():
+        pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas)
+    else:
+        pos, delta = _index_per_layout(types, valid, images, videos, intervals, design, design_options, per_axis_deltas)
+    return pos.to(device), delta.to(device)
+
+
+def _index_per_layout(
+    types: torch.Tensor,
+    valid: torch.Tensor,
+    images: Optional[torch.Tensor],
+    videos: Optional[torch.Tensor],
+    intervals: list[float],
+    design: str,
+    design_options: dict,
+    per_axis_deltas: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any design: one :func:`positions` call per distinct sample layout, scattered into the batch."""
+    shape = tuple(types.shape)
     # run-length encode (sample, token type) over the valid tokens, sample-major
     batch = shape[0]
     counts = valid.sum(dim=1)
@@ -177,8 +214,8 @@ def rope_index(
     keys, run_len = torch.unique_consecutive(sample * 3 + types[valid], return_counts=True)
     run_sample, run_type = (keys // 3).tolist(), (keys % 3).tolist()
     is_img, is_vid = (keys % 3) == IMAGE, (keys % 3) == VIDEO
-    img_of_run = iter(_assign(run_len[is_img], images, "image_grid_thw", "image"))
-    vid_of_run = iter(_assign(run_len[is_vid], videos, "video_grid_thw", "video"))
+    img_of_run = iter(_grids_of_runs(_assign(run_len[is_img], images, "image_grid_thw", "image"), int(is_img.sum())))
+    vid_of_run = iter(_grids_of_runs(_assign(run_len[is_vid], videos, "video_grid_thw", "video"), int(is_vid.sum())))
 
     segments: list[list] = [[] for _ in range(batch)]
     for b, kind, n in zip(run_sample, run_type, run_len.tolist()):
@@ -217,7 +254,188 @@ def rope_index(
     width = num_axes if per_axis_deltas else 1
     zero = torch.zeros(width, dtype=torch.float64)
     delta = torch.stack([zero if d is None else d for d in deltas]).to(torch.float32)
-    return out.permute(2, 0, 1).contiguous().to(device), delta.to(device)
+    return out.permute(2, 0, 1).contiguous(), delta
+
+
+_PAD = -1  # kind of a padding run (attention mask 0), next to TEXT/IMAGE/VIDEO
+
+
+def _runs(types: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run-length encode each row of (B, L) token types, padding being its own kind: flat start, length
+    and kind of every run. Works on one-byte codes: the batch can be millions of tokens."""
+    batch, length = types.shape
+    code = types.to(torch.int8).add_(1).mul_(valid)  # padding 0, text 1, image 2, video 3
+    change = torch.empty(batch, length, dtype=torch.bool)
+    change[:, 0] = True
+    torch.ne(code[:, 1:], code[:, :-1], out=change[:, 1:])
+    start = change.view(-1).nonzero().squeeze(1)
+    run_len = torch.diff(start, append=torch.tensor([batch * length]))
+    return start, run_len, code.view(-1)[start].to(torch.int64) - 1
+
+
+def _fill_by_segment(first: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
+    """``values[s] + (k - first[s])`` for token k of segment s (segments cover ``0 … total-1`` in order), int32.
+
+    One cumulative sum of ones with a jump at each segment start: no per-token temporaries.
+    """
+    out = torch.ones(total, dtype=torch.int32)
+    prev_end = torch.cat([values.new_zeros(1), values[:-1] + (first[1:] - first[:-1]) - 1])
+    out[first] = (values - prev_end).to(torch.int32)
+    return out.cumsum_(0)
+
+
+def _abs_max(x: torch.Tensor) -> float:
+    if not x.numel():
+        return 0.0
+    low, high = torch.aminmax(x)
+    return max(-float(low), float(high))
+
+
+def _whole(x: torch.Tensor) -> bool:
+    return torch.equal(x, x.round())
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x.new_zeros(1), x.cumsum(0)[:-1]])
+
+
+def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Move each row's valid entries to its front (right padding); returns the new mask and the moved tensors."""
+    counts = valid.sum(dim=1)
+    width = max(int(counts.max()), 1)
+    packed_valid = torch.arange(width)[None] < counts[:, None]
+    out = [packed_valid]
+    for t in tensors:
+        p = t.new_zeros(valid.shape[0], width)
+        p[packed_valid] = t[valid]
+        out.append(p)
+    return tuple(out)
+
+
+def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float]):
+    """The distinct vision blocks of the batch as segments, and the index of each grid's block (images first).
+
+    An image grid with several frames is a unit-interval video (as transformers treats it).
+    """
+    keys = []
+    if images is not None:
+        keys += [(t, h, w, 1.0) if t > 1 else (h, w) for t, h, w in images.tolist()]
+    if videos is not None:
+        keys += [(t, h, w, iv) for (t, h, w), iv in zip(videos.tolist(), intervals)]
+    index: dict[tuple, int] = {}
+    block_of_grid = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.int64)
+    blocks = [Video(*k) if len(k) == 4 else Image(*k) for k in index]
+    return blocks, block_of_grid
+
+
+def _index_by_rule(
+    types: torch.Tensor,
+    valid: torch.Tensor,
+    images: Optional[torch.Tensor],
+    videos: Optional[torch.Tensor],
+    intervals: list[float],
+    rule,
+    design_options: dict,
+    per_axis_deltas: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Translation-structured designs: the whole batch with tensor operations, no loop over blocks or samples.
+
+    Padding runs are segments too (rows of zeros that do not advance the start), so the result is
+    produced in place in the padded layout without a scatter. A mask with holes inside a sample is
+    first packed to right padding (transformers drops masked tokens before indexing, and so do we).
+    """
+    batch, length = types.shape
+    first_tok, run_len, kind = _runs(types, valid)
+    sample = first_tok // length
+    inner = (kind[1:-1] == _PAD) & (sample[:-2] == sample[1:-1]) & (sample[2:] == sample[1:-1])
+    if inner.any():  # padding between tokens of one sample: index the packed batch, then put it back
+        packed_valid, packed_types = _repack(valid, types)
+        pos_p, delta = _index_by_rule(packed_types, packed_valid, images, videos, intervals, rule,
+                                      design_options, per_axis_deltas)
+        pos = pos_p.new_zeros(pos_p.shape[0], batch, length)
+        pos[:, valid] = pos_p[:, packed_valid]
+        return pos, delta
+
+    # segments: a text or padding run is one, a vision run one per grid it holds (grids in batch order)
+    is_img, is_vid = kind == IMAGE, kind == VIDEO
+    img_owner = _assign(run_len[is_img], images, "image_grid_thw", "image")
+    vid_owner = _assign(run_len[is_vid], videos, "video_grid_thw", "video")
+    per_run = torch.ones_like(run_len)
+    per_run[is_img] = torch.bincount(img_owner, minlength=int(is_img.sum()))
+    per_run[is_vid] = torch.bincount(vid_owner, minlength=int(is_vid.sum()))
+    seg_run = torch.repeat_interleave(torch.arange(run_len.numel()), per_run)
+    seg_kind, seg_sample, seg_len = kind[seg_run], sample[seg_run], run_len[seg_run]
+    seg_text, seg_pad = seg_kind == TEXT, seg_kind == _PAD
+    seg_vis = ~(seg_text | seg_pad)
+    grid_tokens = [g.prod(dim=1) for g in (images, videos) if g is not None and g.shape[0]]
+    blocks, block_of_grid = _distinct_blocks(images, videos, intervals)
+    seg_grid = torch.zeros_like(seg_len)  # index into the image grids followed by the video grids
+    if grid_tokens:
+        n_img = 0 if images is None else images.shape[0]
+        seg_grid[seg_kind == IMAGE] = torch.arange(n_img)
+        seg_grid[seg_kind == VIDEO] = n_img + torch.arange(int((seg_kind == VIDEO).sum()))
+        seg_len[seg_vis] = torch.cat(grid_tokens)[seg_grid[seg_vis]]
+    seg_block = torch.zeros_like(seg_len)
+    if blocks:
+        seg_block[seg_vis] = block_of_grid[seg_grid[seg_vis]]
+
+    # every distinct block placed once by the design's rule
+    offsets, advance = rule(blocks, **design_options)
+    axes = advance.shape[1]
+    block_len = torch.tensor([b.num_tokens for b in blocks], dtype=torch.int64)
+    if blocks:
+        block_top = torch.segment_reduce(offsets, "max", lengths=block_len, axis=0)  # (blocks, A)
+    else:
+        block_top = offsets.new_zeros(0, axes)
+
+    # start of every segment: exclusive sum of the advances before it in its sample
+    step = torch.zeros(seg_len.numel(), axes, dtype=torch.float64)
+    step[seg_text] = seg_len[seg_text].to(torch.float64)[:, None]
+    step[seg_vis] = advance[seg_block[seg_vis]]
+    per_sample = torch.bincount(seg_sample, minlength=batch)
+    rank = torch.arange(seg_len.numel()) - (per_sample.cumsum(0) - per_sample)[seg_sample]
+    steps = torch.zeros(batch, int(per_sample.max()) + 1, axes, dtype=torch.float64)
+    steps[seg_sample, rank + 1] = step
+    start = steps.cumsum_(dim=1)[seg_sample, rank]  # sequential sums, as the walk does them
+    start[seg_pad] = 0.0
+
+    # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
+    pad_max = int(seg_len[seg_pad].max()) if seg_pad.any() else 0
+    text_max = int(seg_len[seg_text].max()) if seg_text.any() else 0
+    base = torch.zeros_like(seg_len)
+    base[seg_text] = pad_max
+    base[seg_vis] = pad_max + text_max + _exclusive_cumsum(block_len)[seg_block[seg_vis]]
+
+    # float32 arithmetic is exact when every value is an integer below 2**24, which is the usual case
+    exact32 = _whole(offsets) and _whole(start) and max(_abs_max(offsets), text_max) + _abs_max(start) < 2**24
+    dtype = torch.float32 if exact32 else torch.float64
+    ramp = torch.arange(text_max, dtype=dtype)[None].expand(axes, text_max)
+    table = torch.cat([torch.zeros(axes, pad_max, dtype=dtype), ramp, offsets.T.to(dtype)], dim=1)  # (A, rows)
+    total = batch * length
+    seg_first = _exclusive_cumsum(seg_len)
+    row = _fill_by_segment(seg_first, base, total)
+    tok_seg = torch.zeros(total, dtype=torch.int32)  # segment of every token
+    tok_seg[seg_first[1:]] = 1
+    tok_seg.cumsum_(0)
+    start_t = start.T.to(dtype).contiguous()
+    pos, tmp = torch.empty(axes, total, dtype=dtype), torch.empty(total, dtype=dtype)
+    for a in range(axes):  # per axis, so that the only token-sized temporary is reused
+        torch.index_select(table[a], 0, row, out=pos[a])
+        pos[a].add_(torch.index_select(start_t[a], 0, tok_seg, out=tmp))
+    pos = pos.view(axes, batch, length).to(torch.float32)
+
+    # deltas: largest coordinate per sample (from each segment's start + its largest offset)
+    seg_top = torch.full((seg_len.numel(), axes), -torch.inf, dtype=torch.float64)
+    seg_top[seg_text] = start[seg_text] + (seg_len[seg_text] - 1).to(torch.float64)[:, None]
+    seg_top[seg_vis] = start[seg_vis] + block_top[seg_block[seg_vis]]
+    top = torch.full((batch, axes), -torch.inf, dtype=torch.float64)
+    top.scatter_reduce_(0, seg_sample[:, None].expand(-1, axes), seg_top, "amax")
+    top = top.to(torch.float32).to(torch.float64)  # the max of the float32 positions
+    if not per_axis_deltas:
+        top = top.amax(dim=1, keepdim=True)
+    n_valid = torch.zeros(batch, dtype=torch.int64).index_add_(0, seg_sample, seg_len * (~seg_pad))[:, None]
+    delta = torch.where(n_valid > 0, top + 1.0 - n_valid.to(torch.float64), 0.0).to(torch.float32)
+    return pos, delta
 
 
 def decode_positions(

@@ -12,7 +12,7 @@ import torch
 
 from ..layout import Layout, Segment, Video
 from ._common import frame_grid
-from .registry import ragged_arange, register, video_blocks, walk
+from .registry import block_rows, register, video_blocks, walk
 
 __all__ = ["vision_block", "mrope", "mrope_blocks", "thw_offsets", "CONTINUATIONS"]
 
@@ -55,16 +55,13 @@ def thw_offsets(segments: Sequence[Segment], design: str = "mrope") -> tuple[tor
     """(t, h, w) offsets of the tokens of many vision blocks, concatenated ``(Σ n, 3)`` float64, and each
     block's largest offset per axis ``(S, 3)`` — :func:`vision_block` for all blocks at once."""
     t, h, w, interval = video_blocks(segments, design)
-    hw = h * w
-    owner, local = ragged_arange(t * hw)
-    frame = local // hw[owner]
-    rest = local - frame * hw[owner]
-    row = rest // w[owner]
-    col = rest - row * w[owner]
+    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
     # floor(f·Δt) in float32, like temporal_index (and transformers)
     dt = interval.to(torch.float32)
-    time = torch.floor(frame.to(torch.float32) * dt[owner]).to(torch.float64)
-    offsets = torch.stack([time, row.to(torch.float64), col.to(torch.float64)], dim=1)
+    time = torch.floor(row_frame.to(torch.float32) * dt[row_block])
+    per_row = torch.stack([time.to(torch.float64), row_index.to(torch.float64), torch.zeros_like(time, dtype=torch.float64)], 1)
+    offsets = per_row.index_select(0, token_row)
+    offsets[:, 2] = token_col
     last = torch.floor((t - 1).to(torch.float32) * dt).to(torch.float64)  # Δt >= 0: the last frame is the max
     top = torch.stack([last, (h - 1).to(torch.float64), (w - 1).to(torch.float64)], dim=1)
     return offsets, top

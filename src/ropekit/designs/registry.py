@@ -15,10 +15,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..layout import Layout, Segment, Text
+from ..layout import Image, Layout, Segment, Text, Video
 from ._common import as_video
 
-__all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks"]
+__all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
+           "block_rows"]
 
 #: ``rule(segments, **options) -> (offsets, advance)``: for vision segments ``s_0 … s_{S-1}``, the
 #: coordinates of their tokens relative to the block start, concatenated in order ``(Σ n_k, A)``, and
@@ -117,22 +118,54 @@ def ragged_arange(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For consecutive blocks of ``counts[k]`` items: each item's block ``k`` and its index inside the block.
 
     The vectorised form of ``for k, n in enumerate(counts): for i in range(n): yield k, i``; int64.
+    Both come from one cumulative sum each (a jump at every block start), with no other item-sized
+    temporaries.
     """
     counts = counts.to(torch.int64)
     total = int(counts.sum())
-    owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
-    first = counts.cumsum(0) - counts
-    return owner, torch.arange(total) - first[owner]
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    blocks = counts.nonzero().squeeze(1)  # empty blocks hold no items
+    sizes = counts[blocks]
+    first = sizes.cumsum(0) - sizes
+    owner = torch.zeros(total, dtype=torch.int64)
+    owner[first] = torch.diff(blocks, prepend=blocks.new_zeros(1))
+    local = torch.ones(total, dtype=torch.int64)
+    local[first] = torch.cat([sizes.new_zeros(1), 1 - sizes[:-1]])
+    return owner.cumsum_(0), local.cumsum_(0)
 
 
 def video_blocks(segments: Sequence[Segment], design: str) -> tuple[torch.Tensor, ...]:
     """Frames ``t``, height ``h``, width ``w`` (int64) and interval ``Δt`` (float64) of each segment viewed as
     a video (images are one frame with Δt = 0, 2-/3-D grids an image/video), shape ``(S,)`` each."""
-    vids = [as_video(s, design) for s in segments]
-    t = torch.tensor([v.t for v in vids], dtype=torch.int64)
-    h = torch.tensor([v.h for v in vids], dtype=torch.int64)
-    w = torch.tensor([v.w for v in vids], dtype=torch.int64)
-    return t, h, w, torch.tensor([v.interval for v in vids], dtype=torch.float64)
+    rows = []
+    for s in segments:
+        if isinstance(s, Video):
+            rows.append((s.t, s.h, s.w, s.interval))
+        elif isinstance(s, Image):
+            rows.append((1, s.h, s.w, 0.0))
+        else:
+            v = as_video(s, design)
+            rows.append((v.t, v.h, v.w, v.interval))
+    table = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 4)
+    thw = table[:, :3].to(torch.int64)
+    return thw[:, 0], thw[:, 1], thw[:, 2], table[:, 3]
+
+
+def block_rows(
+    t: torch.Tensor, h: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raster order of many ``t × h × w`` blocks, one after another (frame-major, then row-major).
+
+    Returns, for every row of every frame, its block, frame and row index (``(Σ t·h,)`` each), and for
+    every token the row it lies on and its column (``(Σ t·h·w,)`` each), all int64. Working per row
+    keeps the divisions off the (``w`` times longer) token axis.
+    """
+    row_block, r = ragged_arange(t * h)
+    rows_per_frame = h[row_block]
+    row_frame = r // rows_per_frame
+    token_row, token_col = ragged_arange(w[row_block])
+    return row_block, row_frame, r - row_frame * rows_per_frame, token_row, token_col
 
 
 def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 
 from ..layout import Layout, Segment
 from ._common import frame_grid
-from .registry import ragged_arange, register, video_blocks, walk
+from .registry import block_rows, register, video_blocks, walk
 
 __all__ = ["rope2d", "rope2d_block", "rope2d_blocks", "rope2d_pixtral_permutation"]
 
@@ -53,13 +53,12 @@ def rope2d_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tens
     """RoPE-2D block rule: token (f, i, j) at ``f·max(H, W) + (i, j)``; the start advances by ``T·max(H, W)``
     on both axes — :func:`rope2d_block` for all blocks at once."""
     t, h, w, _ = video_blocks(segments, "rope2d")
-    hw, side = h * w, torch.maximum(h, w)
-    owner, local = ragged_arange(t * hw)
-    frame = local // hw[owner]
-    rest = local - frame * hw[owner]
-    row = rest // w[owner]
-    shift = frame * side[owner]
-    offsets = torch.stack([row + shift, rest - row * w[owner] + shift], dim=1).to(torch.float64)
+    side = torch.maximum(h, w)
+    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    shift = row_frame * side[row_block]
+    per_row = torch.stack([row_index + shift, shift], dim=1).to(torch.float64)
+    offsets = per_row.index_select(0, token_row)
+    offsets[:, 1] += token_col
     return offsets, (t * side).to(torch.float64)[:, None].expand(-1, 2).contiguous()
 
 

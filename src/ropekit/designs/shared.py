@@ -6,7 +6,7 @@ from typing import Sequence
 import torch
 
 from ..layout import Layout, Segment
-from .registry import ragged_arange, register, video_blocks, walk
+from .registry import block_rows, register, video_blocks, walk
 
 __all__ = ["shared", "shared_blocks"]
 
@@ -14,10 +14,8 @@ __all__ = ["shared", "shared_blocks"]
 def shared_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared-index block rule: every token of frame f at offset f; the start advances by the frame count."""
     t, h, w, _ = video_blocks(segments, "shared")
-    hw = h * w
-    owner, local = ragged_arange(t * hw)
-    frame = local // hw[owner]
-    return frame.to(torch.float64)[:, None], t.to(torch.float64)[:, None]
+    _, row_frame, _, token_row, _ = block_rows(t, h, w)
+    return row_frame.to(torch.float64).index_select(0, token_row)[:, None], t.to(torch.float64)[:, None]
 
 
 @register(
