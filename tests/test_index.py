@@ -352,3 +352,204 @@ def test_fully_padded_sample_gets_zeros_and_zero_delta():
     assert torch.equal(pos[:, 1], torch.zeros(3, 6))
     assert delta[1].tolist() == [0.0]
     assert torch.equal(pos[:, 0], positions("T1 I2x2 T1", "mrope").T)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block rules: the translation-structured designs and the batch-wide index built on them
+
+from ropekit import Grid  # noqa: E402
+from ropekit.designs import registry  # noqa: E402
+from ropekit.designs.registry import ragged_arange, walk  # noqa: E402
+
+RULE_DESIGNS = ["vanilla", "shared", "mrope", "compact", "vrope", "rope2d"]
+EXACT = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)  # intervals whose products with frame numbers are exact in float32
+
+
+def brute_force(layout, design, continuation="max", order="reference"):
+    """float64 token-by-token placement written from SPEC §3, one design at a time."""
+    axes = {"vanilla": 1, "shared": 1, "mrope": 3, "compact": 3, "vrope": 4, "rope2d": 2}[design]
+    out, p = [], [0.0] * axes  # running start, per axis
+    for seg in layout:
+        if isinstance(seg, Text):
+            for _ in range(seg.n):
+                out.append(list(p))
+                p = [x + 1 for x in p]
+            continue
+        t, h, w, dt = (1, seg.h, seg.w, 0.0) if isinstance(seg, Image) else (seg.t, seg.h, seg.w, seg.interval)
+        s, block = p[0], []
+        for f in range(t):
+            for i in range(h):
+                for j in range(w):
+                    if design == "vanilla":
+                        block.append([s + len(block)])
+                    elif design == "shared":
+                        block.append([s + f])
+                    elif design in ("mrope", "compact"):
+                        block.append([q + d for q, d in zip(p, (math.floor(f * dt), i, j))])
+                    elif design == "rope2d":
+                        P = s + f * max(h, w)
+                        block.append([P + i, P + j])
+                    else:  # vrope, SPEC order u+, v-, v+, u-; the paper's eq. 8 order is u+, u-, v+, v-
+                        P = s + f * (h + w - 1)
+                        up, vm, vp, um = P + i + j, P + i + (w - 1 - j), P + (h - 1 - i) + j, P + (h + w - 2) - i - j
+                        block.append([up, vm, vp, um] if order == "reference" else [up, um, vp, vm])
+        out += block
+        if design == "vanilla":
+            p = [s + len(block)]
+        elif design == "shared":
+            p = [s + t]
+        elif design == "mrope":
+            top = max(max(c) for c in block) + 1 if continuation == "max" else s + max(h, w)
+            p = [top] * 3
+        elif design == "compact":
+            p = [max(c[a] for c in block) + 1 for a in range(3)]
+        elif design == "rope2d":
+            p = [s + t * max(h, w)] * 2
+        else:
+            p = [s + t * (h + w - 1)] * 4
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def random_layout(rng, max_segments=5):
+    segs = []
+    for _ in range(rng.randint(1, max_segments)):
+        r = rng.random()
+        if r < 0.4:
+            segs.append(Text(rng.randint(1, 5)))
+        elif r < 0.7:
+            segs.append(Image(rng.randint(1, 4), rng.randint(1, 4)))
+        else:
+            segs.append(Video(rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 4), rng.choice(EXACT)))
+    return Layout(segs)
+
+
+RULE_CASES = [("vanilla", {}), ("shared", {}), ("mrope", {}), ("mrope", {"continuation": "spatial"}),
+              ("compact", {}), ("vrope", {}), ("vrope", {"order": "paper"}), ("rope2d", {})]
+
+
+@pytest.mark.parametrize("design,opts", RULE_CASES)
+def test_block_rule_walk_equals_brute_force_placement(design, opts):
+    assert registry.get_design(design).block_rule is not None
+    rng = random.Random(hash(design + str(opts)) % 1000)
+    for _ in range(25):
+        lay = random_layout(rng)
+        want = brute_force(lay, design, **opts)
+        got = positions(lay, design, **opts)
+        assert got.dtype == torch.float32 and torch.equal(got.double(), want), (design, opts, str(lay))
+        assert torch.equal(walk(lay, registry.get_design(design).block_rule, **opts), got)
+
+
+def test_block_rules_place_many_blocks_like_one_at_a_time():
+    """A rule called on several segments returns each segment's own offsets, concatenated in order."""
+    segs = [Image(2, 3), Video(3, 2, 2, 0.5), Grid(2, 2), Image(1, 1), Video(2, 3, 1, 1.5)]
+    for design in RULE_DESIGNS:
+        rule = registry.get_design(design).block_rule
+        segs_d = segs if design != "vrope" else [s for s in segs if not isinstance(s, Grid) or len(s.sizes) == 2]
+        offsets, advance = rule(segs_d)
+        assert offsets.dtype == advance.dtype == torch.float64 and advance.shape[0] == len(segs_d)
+        one = [rule([s]) for s in segs_d]
+        assert torch.equal(offsets, torch.cat([o for o, _ in one]))
+        assert torch.equal(advance, torch.cat([a for _, a in one]))
+        empty_off, empty_adv = rule([])
+        assert empty_off.shape == (0, advance.shape[1]) and empty_adv.shape == (0, advance.shape[1])
+
+
+def test_ragged_arange_matches_a_python_loop():
+    counts = torch.tensor([3, 0, 1, 4, 0, 0, 2])
+    owner, local = ragged_arange(counts)
+    want = [(k, i) for k, n in enumerate(counts.tolist()) for i in range(n)]
+    assert list(zip(owner.tolist(), local.tolist())) == want
+    assert ragged_arange(torch.tensor([0, 0]))[0].numel() == 0
+
+
+def test_register_rejects_a_block_rule_that_is_not_a_function():
+    with pytest.raises(TypeError, match="block_rule.*must be a function"):
+        registry.register("never-registered", summary="x", allocation="1d", block_rule=3)
+    assert "never-registered" not in ropekit.designs()
+
+
+def with_holes(inputs, seed, rate=0.15):
+    """Insert masked tokens (of random type: what padding holds must not matter) anywhere in each sample,
+    inside images too; the tokens that remain, and so the grids, are unchanged."""
+    rng = random.Random(seed)
+    types, mask = inputs["mm_token_type_ids"].tolist(), inputs["attention_mask"].tolist()
+    rows = []
+    for trow, mrow in zip(types, mask):
+        row = []
+        for t, m in zip(trow, mrow):
+            while rng.random() < rate:
+                row.append((rng.choice([0, 1, 2]), 0))
+            row.append((t, m))
+        rows.append(row)
+    length = max(map(len, rows))
+    out = dict(inputs)
+    out["mm_token_type_ids"] = torch.tensor([[t for t, _ in r] + [0] * (length - len(r)) for r in rows])
+    out["attention_mask"] = torch.tensor([[m for _, m in r] + [0] * (length - len(r)) for r in rows])
+    out["input_ids"] = torch.randint(0, 50, (len(rows), length), generator=torch.Generator().manual_seed(seed))
+    return out
+
+
+def big_random_batch(seed, batch=6, pad="right", seconds=(1.0,)):
+    """Longer samples with several images (some with frames, some adjacent) and videos."""
+    rng = random.Random(seed)
+    rows, images, videos, spg = [], [], [], []
+    for _ in range(batch):
+        row = [0] * rng.randint(0, 3)
+        for _ in range(rng.randint(0, 6)):
+            r = rng.random()
+            if r < 0.45:
+                grid = [rng.choice([1, 1, 2]), 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)]
+                images.append(grid)
+                row += [1] * (grid[0] * grid[1] * grid[2] // MERGE**2)
+            elif r < 0.8:
+                grid = [rng.randint(1, 3), 2 * rng.randint(1, 2), 2 * rng.randint(1, 3)]
+                videos.append(grid)
+                spg.append(rng.choice(seconds))
+                row += [2] * (grid[0] * grid[1] * grid[2] // MERGE**2)
+            row += [0] * rng.randint(0 if r < 0.45 else 1, 3)  # at times no text between two images
+        rows.append(row)
+    length = max(1, max(map(len, rows))) + rng.randint(0, 3)
+    types = torch.zeros(batch, length, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for b, row in enumerate(rows):
+        sl = slice(0, len(row)) if pad == "right" else slice(length - len(row), length)
+        types[b, sl] = torch.tensor(row, dtype=torch.long)
+        mask[b, sl] = 1
+    return dict(
+        input_ids=None, mm_token_type_ids=types, attention_mask=mask,
+        image_grid_thw=torch.tensor(images) if images else None,
+        video_grid_thw=torch.tensor(videos) if videos else None,
+    ), torch.tensor(spg, dtype=torch.float32)
+
+
+INDEX_CASES = [(d, o, pad, holes) for d, o in RULE_CASES for pad, holes in (("right", False), ("left", True))]
+
+
+@pytest.mark.parametrize("design,opts,pad,holes", INDEX_CASES)
+def test_batched_index_equals_the_per_layout_path(monkeypatch, design, opts, pad, holes):
+    """Vectorised rope_index == the same design without its block rule (one positions() per sample)."""
+    no_rule = registry.Design(**{**registry.get_design(design).__dict__, "block_rule": None})
+    for seed in range(3):
+        inputs, spg = big_random_batch(500 + seed, pad=pad, seconds=(0.35, 0.7, 1.0, 2.0))
+        if holes:
+            inputs = with_holes(inputs, seed)
+        kw = dict(inputs, design=design, tokens_per_second=2, per_axis_deltas=design == "compact", **opts)
+        if spg.numel():
+            kw["second_per_grid_ts"] = spg
+        fast = rope_index(**kw)
+        with monkeypatch.context() as m:
+            m.setitem(registry._REGISTRY, design, no_rule)
+            slow = rope_index(**kw)
+        assert torch.equal(fast[0], slow[0]), (design, opts, seed)
+        assert torch.equal(fast[1], slow[1]), (design, opts, seed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mask_holes_equal_transformers(qwen2, seed):
+    """transformers drops masked tokens before indexing, even inside an image; so does rope_index."""
+    inputs, _, _ = random_batch(600 + seed, batch=4, pad=("left", "right")[seed % 2])
+    inputs = with_holes(inputs, seed, rate=0.3)
+    assert ((inputs["attention_mask"][:, 1:] - inputs["attention_mask"][:, :-1]) == 1).sum() > 4  # holes exist
+    want_pos, want_delta = qwen2.get_rope_index(**inputs)
+    pos, delta = rope_index(**inputs, continuation="spatial")
+    assert torch.equal(pos, want_pos.float()) and torch.equal(delta, want_delta.float())
