@@ -4,12 +4,21 @@
 ``3i, 3i+1, 3i+2``; channels beyond ``3n`` pass through unchanged. Each triple ``v`` becomes
 ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — the sandwich product ``r v r*`` without building
 quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); output has the input's dtype.
+
+Two paths give the same rotation (equal to float32 rounding):
+
+- functional (autograd, ``torch.compile``, broadcasting that grows ``x``): :func:`rotate_triples` on the
+  triples, a handful of full-size temporaries;
+- eager (everything else): the rotation's per-channel coefficients
+  (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
+  contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
+  straight into the output — about the cost of the fused planar RoPE path.
 """
 from __future__ import annotations
 
 import torch
 
-from ..rotations.geope import GeoPERotation, geope_rotation
+from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_rotation
 
 __all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
 
@@ -73,22 +82,101 @@ def _validate(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> int:
     return n
 
 
-def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) -> torch.Tensor:
-    """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
-    ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
-    (shared by the batch) or ``(B, L, A)``. Channels beyond ``3n`` pass through.
-    """
-    n = _validate(x, rotation, seq_dim)
+
+def _rotate_functional(x: torch.Tensor, rotation: GeoPERotation, n: int, seq_dim: int) -> torch.Tensor:
+    """Out-of-place Rodrigues rotation, differentiable and traceable (no in-place writes)."""
     dtype = x.dtype
-    work = torch.float64 if dtype == torch.float64 else torch.float32
+    work = _work_dtype(x)
     vec = _broadcast(rotation.vector.to(work), 1, seq_dim, x.ndim)
-    cos, sinc, versc = (_broadcast(t.to(work), 0, seq_dim, x.ndim) for t in rotation[1:])
+    cos, sinc, versc = (_broadcast(t.to(work), 0, seq_dim, x.ndim) for t in (rotation.cos, rotation.sinc, rotation.versc))
     v = x[..., : 3 * n].to(work).unflatten(-1, (n, 3))
     out = rotate_triples(v, vec, cos, sinc, versc).flatten(-2).to(dtype)
     if 3 * n == x.shape[-1]:
         return out
     return torch.cat((out, x[..., 3 * n :]), dim=-1)
+
+
+def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The rotation's per-channel coefficients ``(5, ..., L, 3n)`` in the working dtype, on ``device``."""
+    c = rotation.coeffs
+    if c is None or c.dtype != work:  # e.g. float64 input with a float32 rotation: rebuild in float64
+        with torch.no_grad():
+            c = channel_coefficients(*(t.detach().to(work) for t in (rotation.vector, rotation.cos,
+                                                                      rotation.sinc, rotation.versc)))
+    return c.to(device=device, dtype=work).contiguous()
+
+
+# Elements of x per eager block: float32 temporaries of this size (1 MiB) stay in a core's cache.
+_BLOCK_ELEMS = 1 << 18
+
+
+def _rotate_block(xf: torch.Tensor, coef: list[torch.Tensor], out: torch.Tensor) -> None:
+    """``out[j] = Σ_o coef[o][j] · xf[j + o]`` along the last axis (offsets ``CHANNEL_OFFSETS``)."""
+    R = xf.shape[-1]
+    torch.mul(xf, coef[0], out=out)
+    for o, c in zip(CHANNEL_OFFSETS[1:], coef[1:]):
+        if o > 0:
+            out[..., : R - o].addcmul_(xf[..., o:], c[..., : R - o])
+        else:
+            out[..., -o:].addcmul_(xf[..., : R + o], c[..., -o:])
+
+
+def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
+    """Blocked eager rotation of validated, gradient-free ``x`` with broadcast-ready coefficient views.
+
+    Where a block's rows are contiguous and fully rotated (``D = 3n``, seq axis before channels), the
+    sequence and channel axes are merged so every multiply-add runs over one long contiguous range; the
+    zero coefficients at triple edges keep neighbouring rows and triples apart.
+    """
+    work = _work_dtype(x)
+    R = 3 * n
+    D = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if R < D:
+        out[..., R:] = x[..., R:]
+    ldim = x.ndim - 2 if seq_dim == -2 else 1
+    merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
+    L = x.shape[ldim]
+    step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
+    if x.device.type != "cpu":
+        step = max(L, 1)
+    for i in range(0, L, step):
+        m = min(step, L - i)
+        xf = x.narrow(ldim, i, m)[..., :R].to(work)
+        ob = out.narrow(ldim, i, m)[..., :R]
+        cb = [c.narrow(ldim - (x.ndim - c.ndim), i, m) for c in coef]
+        if merge:
+            xf, ob, cb = xf.flatten(-2), ob.flatten(-2), [c.flatten(-2) for c in cb]
+        if ob.dtype == work:
+            _rotate_block(xf, cb, ob)
+        else:
+            tmp = torch.empty(xf.shape, dtype=work, device=x.device)
+            _rotate_block(xf, cb, tmp)
+            ob.copy_(tmp)
+    return out
+
+
+def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) -> torch.Tensor:
+    """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
+
+    ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
+    (shared by the batch) or ``(B, L, A)``. Channels beyond ``3n`` pass through. Without gradients the
+    blocked eager path runs (see the module docstring); with gradients, under ``torch.compile`` or when
+    the rotation's batch broadcasts ``x`` to a larger shape, the functional one.
+    """
+    n = _validate(x, rotation, seq_dim)
+    fields = (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in fields))
+    if needs_grad or torch.compiler.is_compiling():
+        return _rotate_functional(x, rotation, n, seq_dim)
+    coef = [_broadcast(c, 0, seq_dim, x.ndim) for c in _coefficients(rotation, _work_dtype(x), x.device)]
+    triples = x.shape[:-1] + (3 * n,)
+    if torch.broadcast_shapes(triples, coef[0].shape) != triples:
+        return _rotate_functional(x, rotation, n, seq_dim)
+    return _rotate_eager(x, coef, n, seq_dim)
 
 
 def apply_geope_qk(

@@ -10,7 +10,9 @@ Every case is one *rotation vector* ``φ_i = Θ · axis`` per token and triple, 
 ``φ_i(p) = ω_i · E p`` with ``E p = (0, p, 0)``, ``(0, p_h, p_w)/2`` or ``(p_d, p_h, p_w)/3``. This module
 turns positions into ``φ`` and the Rodrigues coefficients ``cos Θ``, ``sin Θ/Θ`` and ``(1 − cos Θ)/Θ²``,
 each smooth in ``Θ²`` so that ``Θ = 0`` is an exact identity with finite gradients. No 3×3 matrix is
-ever built; ``ropekit.apply.geope`` applies the rotation to q/k.
+built per query or key; ``ropekit.apply.geope`` applies the rotation to q/k. For the fast eager path the
+rotation also carries Rodrigues' formula expanded per output channel (:func:`channel_coefficients`),
+computed once per rotation and shared by every batch entry, head and layer that uses it.
 
 GeoPE is **not** exactly relative: ``R_mᵀ R_n`` depends on the absolute positions, not only on
 ``n − m``, because rotations about different axes do not commute (paper §3.4). Only positions on
@@ -30,6 +32,8 @@ __all__ = [
     "lie_embedding",
     "rotation_vectors",
     "rodrigues_coefficients",
+    "channel_coefficients",
+    "CHANNEL_OFFSETS",
     "geope_rotation",
 ]
 
@@ -39,6 +43,10 @@ GEOPE_FREQ_STYLES = ("decreasing", "paper")
 # values and gradients exact at Θ = 0 without dividing by Θ.
 _SMALL = 1e-4
 
+# Channel offsets of the terms of :func:`channel_coefficients`: output channel j of a triple reads input
+# channels j, j+1, j-1, j+2 and j-2 (those outside its own triple get a zero coefficient).
+CHANNEL_OFFSETS = (0, 1, -1, 2, -2)
+
 
 class GeoPERotation(NamedTuple):
     """Per-token, per-triple rotations: rotation vector and the three Rodrigues coefficients.
@@ -46,12 +54,15 @@ class GeoPERotation(NamedTuple):
     ``vector (..., L, n, 3)`` is ``φ = Θ · axis``; ``cos``, ``sinc`` (= sin Θ / Θ) and ``versc``
     (= (1 − cos Θ) / Θ²) are ``(..., L, n)``. Rotating ``v`` is
     ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — Rodrigues' formula with the axis folded into φ.
+    ``coeffs`` (optional, no gradient) is the same rotation expanded per output channel,
+    ``(5, ..., L, 3n)`` from :func:`channel_coefficients`; the eager apply path uses it when present.
     """
 
     vector: torch.Tensor
     cos: torch.Tensor
     sinc: torch.Tensor
     versc: torch.Tensor
+    coeffs: torch.Tensor | None = None
 
     @property
     def num_triples(self) -> int:
@@ -149,6 +160,34 @@ def rodrigues_coefficients(theta_sq: torch.Tensor) -> tuple[torch.Tensor, torch.
     )
 
 
+def channel_coefficients(
+    vector: torch.Tensor, cos: torch.Tensor, sinc: torch.Tensor, versc: torch.Tensor
+) -> torch.Tensor:
+    """Rodrigues' formula written per output channel: ``(5, ..., L, 3n)`` weights for :data:`CHANNEL_OFFSETS`.
+
+    Component c of a rotated triple is ``Σ_d R_cd v_d`` with ``R_cd = δ_cd cos Θ + versc φ_c φ_d −
+    sinc ε_cde φ_e`` (GeoPE eq. 2 via app. D). Laid out along the channels, output channel ``j = 3i + c``
+    reads input channel ``j + o`` with weight ``C[o]_j`` for the five offsets ``o ∈ (0, +1, −1, +2, −2)``
+    (zero where ``j + o`` leaves the triple), so a whole row rotates with five contiguous multiply-adds
+    instead of strided per-component arithmetic. Inputs as in :class:`GeoPERotation`.
+    """
+    wp = versc[..., None] * vector  # versc · φ_c
+    sp = sinc[..., None] * vector  # sinc · φ_c
+    # cyclic neighbours within the triple: R_{c,c+1} = versc φ_c φ_{c+1} − sinc φ_{c+2} and
+    # R_{c,c−1} = versc φ_c φ_{c−1} + sinc φ_{c+1}; offset +2 is R_{0,2} = R_{c,c−1} at c = 0, −2 is R_{2,0}
+    out = torch.empty((5, *vector.shape), dtype=vector.dtype, device=vector.device)
+    torch.addcmul(cos[..., None], wp, vector, out=out[0])
+    torch.mul(wp, vector.roll(-1, -1), out=out[1]).sub_(sp.roll(1, -1))
+    torch.mul(wp, vector.roll(1, -1), out=out[2]).add_(sp.roll(-1, -1))
+    out[3].zero_()
+    out[3, ..., 0] = out[2, ..., 0]
+    out[2, ..., 0] = 0
+    out[4].zero_()
+    out[4, ..., 2] = out[1, ..., 2]
+    out[1, ..., 2] = 0
+    return out.flatten(-2)
+
+
 def geope_rotation(
     coords: torch.Tensor,
     head_dim: int,
@@ -174,4 +213,6 @@ def geope_rotation(
             )
     vec = rotation_vectors(coords, freqs)
     cos, sinc, versc = rodrigues_coefficients((vec * vec).sum(-1))
-    return GeoPERotation(vec, cos, sinc, versc)
+    with torch.no_grad():
+        coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
+    return GeoPERotation(vec, cos, sinc, versc, coeffs)
