@@ -11,6 +11,7 @@ sequence during cached generation.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
 import torch
@@ -313,7 +314,8 @@ def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float]):
-    """The distinct vision blocks of the batch as segments, and the index of each grid's block (images first).
+    """The distinct vision blocks of the batch as segments and as keys ``(t, h, w, Δt)`` or ``(h, w)``, and
+    the index of each grid's block (image grids first, then video grids).
 
     An image grid with several frames is a unit-interval video (as transformers treats it).
     """
@@ -325,7 +327,7 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     index: dict[tuple, int] = {}
     block_of_grid = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.int64)
     blocks = [Video(*k) if len(k) == 4 else Image(*k) for k in index]
-    return blocks, block_of_grid
+    return blocks, list(index), block_of_grid
 
 
 def _index_by_rule(
@@ -368,7 +370,7 @@ def _index_by_rule(
     seg_text, seg_pad = seg_kind == TEXT, seg_kind == _PAD
     seg_vis = ~(seg_text | seg_pad)
     grid_tokens = [g.prod(dim=1) for g in (images, videos) if g is not None and g.shape[0]]
-    blocks, block_of_grid = _distinct_blocks(images, videos, intervals)
+    blocks, keys, block_of_grid = _distinct_blocks(images, videos, intervals)
     seg_grid = torch.zeros_like(seg_len)  # index into the image grids followed by the video grids
     if grid_tokens:
         n_img = 0 if images is None else images.shape[0]
@@ -382,7 +384,7 @@ def _index_by_rule(
     # every distinct block placed once by the design's rule
     offsets, advance = rule(blocks, **design_options)
     axes = advance.shape[1]
-    block_len = torch.tensor([b.num_tokens for b in blocks], dtype=torch.int64)
+    block_len = torch.tensor([math.prod(k[:3]) for k in keys], dtype=torch.int64)
     if blocks:
         block_top = torch.segment_reduce(offsets, "max", lengths=block_len, axis=0)  # (blocks, A)
     else:
@@ -419,9 +421,12 @@ def _index_by_rule(
     tok_seg.cumsum_(0)
     start_t = start.T.to(dtype).contiguous()
     pos, tmp = torch.empty(axes, total, dtype=dtype), torch.empty(total, dtype=dtype)
+    diagonal = bool((start_t == start_t[:1]).all())  # every axis starts together (all but compact)
     for a in range(axes):  # per axis, so that the only token-sized temporary is reused
         torch.index_select(table[a], 0, row, out=pos[a])
-        pos[a].add_(torch.index_select(start_t[a], 0, tok_seg, out=tmp))
+        if a == 0 or not diagonal:
+            torch.index_select(start_t[a], 0, tok_seg, out=tmp)
+        pos[a].add_(tmp)
     pos = pos.view(axes, batch, length).to(torch.float32)
 
     # deltas: largest coordinate per sample (from each segment's start + its largest offset)
