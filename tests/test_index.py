@@ -553,3 +553,13 @@ def test_mask_holes_equal_transformers(qwen2, seed):
     want_pos, want_delta = qwen2.get_rope_index(**inputs)
     pos, delta = rope_index(**inputs, continuation="spatial")
     assert torch.equal(pos, want_pos.float()) and torch.equal(delta, want_delta.float())
+
+
+def test_rule_option_errors_reach_the_caller():
+    types, ig, vg = _one()
+    with pytest.raises(ValueError, match="spatial_dims=3"):
+        rope_index(None, types, ig, vg, design="vrope", spatial_dims=3)
+    with pytest.raises(ValueError, match="order"):
+        rope_index(None, types, ig, vg, design="vrope", order="sideways")
+    with pytest.raises(ValueError, match="continuation"):
+        rope_index(None, torch.zeros(1, 3, dtype=torch.long), design="mrope", continuation="up")
