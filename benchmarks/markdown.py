@@ -55,8 +55,41 @@ def index_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+GEOPE_ORDER = ["planar_eager", "planar_fused", "directional_fused", "geope_eager", "geope_functional",
+               "planar_compiled", "geope_compiled"]
+
+
+def geope_table(data: dict) -> str:
+    """GeoPE / N-D apply times with the ratio to planar RoPE's fused path, rotation builds, Linear GeoPE."""
+    res = data["results"]
+    names = [n for n in GEOPE_ORDER if any(n in r["cases"] for r in res["apply"])]
+    rows = ["| shape (B,H,L,D) | dtype | " + " | ".join(names) + " |", "|" + "---|" * (2 + len(names))]
+    for r in res["apply"]:
+        cells = []
+        for n in names:
+            c = r["cases"].get(n)
+            cells.append("–" if c is None else f"{c['median_s'] * 1e3:.1f} ms ×{r['ratio_vs_planar_fused'][n]:.2f}")
+        rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | " + " | ".join(cells) + " |")
+    rows += ["", "| L | axial cos/sin | directional cos/sin | GeoPE rotation |", "|---|---|---|---|"]
+    for b in res["build"]:
+        c = b["cases"]
+        rows.append(f"| {b['L']} | {c['axial']['median_s'] * 1e3:.2f} ms | {c['directional']['median_s'] * 1e3:.2f} ms | "
+                    f"{c['geope']['median_s'] * 1e3:.2f} ms |")
+    rows += ["", "| L (grid) | heads | SDPA + axial RoPE | Linear GeoPE | time ratio | peak extra memory (SDPA / Linear) |",
+             "|---|---|---|---|---|---|"]
+    for r in res["linear"]:
+        a, b = r["sdpa_rope"], r["linear_geope"]
+        if "error" in a or "error" in b:
+            rows.append(f"| {r['L']} | {r['heads']} | {a.get('error', '')} | {b.get('error', '')} | – | – |")
+            continue
+        rows.append(f"| {r['L']} ({r['side']}×{r['side']}) | {r['heads']} | {a['median_s'] * 1e3:.1f} ms | "
+                    f"{b['median_s']:.2f} s{' (1 call)' if b['calls'] == 1 else ''} | ×{r['time_ratio']:.0f} | "
+                    f"{a['peak_extra_mib']:.0f} / {b['peak_extra_mib']:.0f} MiB |")
+    return "\n".join(rows)
+
+
 def main() -> int:
-    for name, render in (("apply", apply_table), ("index", index_table)):
+    for name, render in (("apply", apply_table), ("index", index_table), ("geope", geope_table)):
         path = RESULTS / f"{name}.json"
         if not path.exists():
             continue

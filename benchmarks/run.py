@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from . import apply as apply_bench
+from . import geope as geope_bench
 from . import index as index_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index")
+SUITES = ("apply", "index", "geope")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     if "index" in suites:
         res = index_bench.run(quick=args.quick, repeat=repeat, log=log)
         _write(args.out / "index.json", {**header, "results": res})
+    if "geope" in suites:
+        res = geope_bench.run(quick=args.quick, repeat=repeat, compile_=not args.no_compile, log=log)
+        _write(args.out / "geope.json", {**header, "results": res})
     return 0
 
 

@@ -7,8 +7,9 @@ quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); outp
 
 Two paths give the same rotation (equal to float32 rounding):
 
-- functional (autograd, ``torch.compile``, broadcasting that grows ``x``): :func:`rotate_triples` on the
-  triples, a handful of full-size temporaries;
+- functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
+  of full-size temporaries; under ``torch.compile`` the per-channel coefficients applied to shifted
+  views of the zero-padded triples instead, which Inductor fuses into one loop;
 - eager (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
@@ -109,6 +110,22 @@ def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.devi
     return c.to(device=device, dtype=work).contiguous()
 
 
+def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
+    """Out-of-place per-channel form for tracing: ``Σ_o C[o] · x[j + o]`` over a zero-padded copy of the
+    triples, which a compiler fuses into one contiguous loop. Differentiable in ``x`` (not in the rotation)."""
+    work = _work_dtype(x)
+    R = 3 * n
+    xp = torch.nn.functional.pad(x[..., :R].to(work), (2, 2))
+    out = None
+    for o, c in zip(CHANNEL_OFFSETS, coeffs.to(work).unbind(0)):
+        term = _broadcast(c, 0, seq_dim, x.ndim) * xp[..., 2 + o : 2 + o + R]
+        out = term if out is None else out + term
+    out = out.to(x.dtype)
+    if R == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., R:]), dim=-1)
+
+
 # Elements of x per eager block: float32 temporaries of this size (1 MiB) stay in a core's cache.
 _BLOCK_ELEMS = 1 << 18
 
@@ -164,14 +181,17 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
 
     ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
     (shared by the batch) or ``(B, L, A)``. Channels beyond ``3n`` pass through. Without gradients the
-    blocked eager path runs (see the module docstring); with gradients, under ``torch.compile`` or when
-    the rotation's batch broadcasts ``x`` to a larger shape, the functional one.
+    blocked eager path runs (see the module docstring); with gradients or when the rotation's batch
+    broadcasts ``x`` to a larger shape, the functional one; under ``torch.compile`` the per-channel form
+    written for tracing (or the functional one when the rotation itself needs a gradient).
     """
     n = _validate(x, rotation, seq_dim)
     fields = (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in fields))
-    if needs_grad or torch.compiler.is_compiling():
+    rotation_grad = torch.is_grad_enabled() and any(t.requires_grad for t in fields)
+    if rotation_grad or (torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling()):
         return _rotate_functional(x, rotation, n, seq_dim)
+    if torch.compiler.is_compiling():
+        return _rotate_coeff_functional(x, _coefficients(rotation, _work_dtype(x), x.device), n, seq_dim)
     coef = [_broadcast(c, 0, seq_dim, x.ndim) for c in _coefficients(rotation, _work_dtype(x), x.device)]
     triples = x.shape[:-1] + (3 * n,)
     if torch.broadcast_shapes(triples, coef[0].shape) != triples:
