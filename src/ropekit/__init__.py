@@ -17,7 +17,7 @@ from .age import age_schedule
 from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
 from .rotations.directional import directional_matrix, nd_directions
 from .rotations.mixed import MixedFrequencies, mixed_init
-from .rotations.geope import GeoPERotation, geope_frequencies, geope_rotation
+from .rotations.geope import GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
 
 # 4. apply
 from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
@@ -41,7 +41,7 @@ __all__ = [
     "positions", "designs", "get_design", "register", "Design", "rope_index", "decode_positions", "age_schedule",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
-    "GeoPERotation", "geope_frequencies", "geope_rotation",
+    "GeoPERotation", "geope_frequencies", "geope_rotation", "channel_coefficients",
     "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
     "GeoPE", "apply_geope", "apply_geope_qk", "linear_geope_attention",
     "RoPE", "design_frequencies",
