@@ -21,8 +21,8 @@ SECTIONS: list[tuple[str, str]] = [
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .7em;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;margin:.5em 0}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .7em;text-align:left}td.num{text-align:right}
+th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}
 .note{color:#555;font-size:.92em}
 """
 

@@ -7,18 +7,13 @@ from pathlib import Path
 from ..analysis.figures import plot_bias_maps, plot_coordinates, plot_rings
 from ..analysis.metrics import layout_ptd
 from ..designs.registry import designs, get_design
+from ._html import table as _table
 
 IMAGE_LAYOUT = "T4 I4x4 T4"
 VIDEO_LAYOUT = "T4 V3x3x3 T4"
 BIAS_LAYOUT = "T4 V4x6x6 T16"
 PTD_LAYOUTS = ("I3x3 T5", IMAGE_LAYOUT, VIDEO_LAYOUT, "T2 I3x3 T2 I2x4 T2")
 BIAS_DESIGNS = ("vanilla", "mrope", "vrope", "circle")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
 
 
 def designs_section(out: Path) -> dict:

@@ -13,6 +13,7 @@ from ..rotations.directional import METHODS, directional_matrix, nd_directions
 from ..rotations.mixed import mixed_init
 from ..rotations.planar import frequency_matrix
 from ..viz import max_angular_gap, plot_kernel_maps, plot_projections
+from ._html import table as _table  # noqa: E402
 
 ROTARY_DIM = 64  # a typical ViT head
 HEADS = 6
@@ -41,12 +42,6 @@ def _families() -> dict[str, torch.Tensor]:
         "directional sobol (base 100)": directional_matrix(ROTARY_DIM, 2, "sobol", base=100.0, seed=0),
         "directional sobol (base 10000)": directional_matrix(ROTARY_DIM, 2, "sobol", seed=0),
     }
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
 
 
 def section(out_dir: Path) -> dict:
