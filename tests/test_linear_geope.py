@@ -160,3 +160,31 @@ def test_bad_input_raises_clear_errors():
         linear_geope_attention(q, k, v, pos, attn_mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="floating-point"):
         linear_geope_attention(q.long(), k, v, pos)
+
+
+@pytest.mark.parametrize("triple_chunk", [1, 32])
+def test_key_chunks_and_reused_buffers_match_the_reference(monkeypatch, triple_chunk):
+    """Many key chunks (the last one shorter), buffers reused without autograd, fresh tensors with it."""
+    import ropekit.apply.linear_geope as lg
+
+    monkeypatch.setattr(lg, "_PAIRS", 1)  # 16 keys per chunk: 37 keys give chunks of 16, 16 and 5
+    pos = _grid(37, 1) * 0.5 + torch.tensor([0.0, 2.0])
+    pos[5] = pos[20]  # a coincident pair across chunks: zero displacement, only q·k remains
+    q, k, v = (t.double() for t in _qkv(37, 13, seed=11, B=1, H=2))
+    f = geope_frequencies(13)
+    ref = reference_attention(q, k, v, pos, pos)
+    with torch.no_grad():
+        s = lg.linear_geope_scores(q, k, pos, pos, f, triple_chunk=triple_chunk)
+    torch.testing.assert_close(torch.softmax(s / math.sqrt(13), -1) @ v, ref)
+    q.requires_grad_()
+    out = torch.softmax(lg.linear_geope_scores(q, k, pos, pos, f, triple_chunk=triple_chunk) / math.sqrt(13), -1) @ v
+    torch.testing.assert_close(out, ref)
+    (g,) = torch.autograd.grad(out.sum(), q)
+    (g_ref,) = torch.autograd.grad(reference_attention(q, k, v, pos, pos).sum(), q)
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_triple_chunk_must_be_positive():
+    q, k, _ = _qkv(4, 9, seed=12, B=1, H=1)
+    with pytest.raises(ValueError, match="triple_chunk"):
+        linear_geope_scores(q, k, _grid(2, 2), _grid(2, 2), geope_frequencies(9), triple_chunk=0)

@@ -10,10 +10,13 @@ For triple i, ``φ_i(n − m) = ω_i P`` with one displacement vector ``P = E(p_
 triples (``E`` from :func:`ropekit.rotations.geope.lie_embedding`). With the unit axis ``a = P/‖P‖`` and
 angle ``A_i = ω_i ‖P‖``, Rodrigues' formula (GeoPE app. D) gives
 
-    ⟨q, R k⟩ = Σ_c q_c · (cos A · k_c + sin A · (a × k)_c + (1 − cos A) · a_c (a · k)).
+    ⟨q, R k⟩ = q·k + sin A · a·(k × q) + (1 − cos A) · ((a·q)(a·k) − q·k).
 
-For a block of Bq queries and a chunk of t triples this needs only ``(B, H, Bq, Lk, t)`` temporaries,
-never the ``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each query block is checkpointed when
+The axis is shared by the triples, so the triple sums ``Σ_i f(A_i) q_id k_ic`` (f = sin A, 1 − cos A;
+nine channel pairs c, d) are one batched matmul over the triples; the axis is applied afterwards, per
+pair. Only the two trigonometric values and one broadcast product per (pair, triple) remain elementwise.
+Keys are taken in chunks of a few thousand pairs, so the temporaries stay near cache size, and never
+reach the ``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each query block is checkpointed when
 gradients are on, so the backward pass also holds one block at a time.
 """
 from __future__ import annotations
@@ -49,16 +52,21 @@ def linear_geope_scores(
     pos_k: torch.Tensor,
     freqs: torch.Tensor,
     *,
-    triple_chunk: int = 8,
+    triple_chunk: int = 32,
 ) -> torch.Tensor:
     """Unscaled Linear GeoPE scores ``⟨q_m, R(φ(n) − φ(m)) k_n⟩`` of every pair, ``(B, H, Lq, Lk)``.
 
     ``q (B, H, Lq, D)``, ``k (B, H, Lk, D)``, positions ``(Lq, A)``/``(Lk, A)`` or batched ``(B, L, A)``,
-    ``freqs (n,)`` with ``3n <= D`` (channels past 3n contribute a plain dot product). Triples are taken
-    ``triple_chunk`` at a time, so the largest temporary is ``(B, H, Lq, Lk, triple_chunk)``; call it on
-    query blocks (as :func:`linear_geope_attention` does) for long sequences. Positions are treated as
-    constants (no gradient). Computed in float32 (float64 if q is float64).
+    ``freqs (n,)`` with ``3n <= D`` (channels past 3n contribute a plain dot product). Rodrigues' formula
+    splits each triple's score into ``q_i·k_i − vers A_i (q_i·k_i − (a·q_i)(a·k_i)) + sin A_i a·(k_i × q_i)``;
+    the two triple sums ``T^f_cd = Σ_i f(A_i) k_ic q_id`` (f = sin, vers) are one batched matmul over the
+    triples, and the axis ``a`` enters only afterwards, per pair. Keys are taken a few thousand pairs at a
+    time and triples ``triple_chunk`` at a time, so apart from the ``(B, H, Lq, Lk)`` result the temporaries
+    stay small; call it on query blocks (as :func:`linear_geope_attention` does) for long sequences. Positions are treated as constants (no
+    gradient). Computed in float32 (float64 if q is float64).
     """
+    if isinstance(triple_chunk, bool) or not isinstance(triple_chunk, int) or triple_chunk < 1:
+        raise ValueError(f"`triple_chunk` must be a positive int, got {triple_chunk!r}")
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, H, Lq, D = q.shape
     Lk = k.shape[-2]
@@ -67,32 +75,79 @@ def linear_geope_scores(
     pk = _as_batched(pos_k, "pos_k", Lk, B).detach().to(work)
     if pq.shape[-1] != pk.shape[-1]:
         raise ValueError(f"`pos_q` has {pq.shape[-1]} axes but `pos_k` has {pk.shape[-1]}")
-    # one displacement per pair, shared by every triple: φ_i(n − m) = ω_i · P
-    P = lie_embedding(pk[:, None, :, :] - pq[:, :, None, :])[:, None]  # (Pb, 1, Lq, Lk, 3)
-    dist = P.norm(dim=-1, keepdim=True)  # (Pb, 1, Lq, Lk, 1)
+    qw, kw = q.to(work), k.to(work)
+    # every channel's plain dot product: the cos A = 1 part of each triple plus the unrotated tail
+    scores = qw @ kw.transpose(-1, -2)
+    if n == 0:
+        return scores
+    # E is linear, so E(p_n) − E(p_m) is each pair's displacement vector (exactly 0 where p_n = p_m)
+    eq = lie_embedding(pq)[:, None, :, :, None]  # (Pb, 1, Lq, 3, 1)
+    ek = lie_embedding(pk).transpose(-1, -2)[:, None, None]  # (Pb, 1, 1, 3, Lk)
+    # per triple (f = sin A, ½ vers A) take ω and ω/2: sin(ω r) and sin(ω r / 2)² = ½ (1 − cos ω r)
+    w2 = torch.stack((freqs.to(work), 0.5 * freqs.to(work)), dim=-1)[..., None]  # (n, 2, 1)
+    qT = qw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2).contiguous()  # (B, H, Lq, 3, n)
+    kT = kw[..., : 3 * n].unflatten(-1, (n, 3)).permute(0, 1, 3, 4, 2)  # (B, H, n, 3, Lk)
+    # keys in chunks so the (pair, triple) temporaries stay near cache size
+    kc = max(_MIN_KEYS, _PAIRS // max(1, B * H * Lq))
+    # without autograd the large per-chunk temporaries are written into reused buffers (no fresh pages)
+    scratch = None if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else {}
+    parts = []
+    for s in range(0, Lk, kc):
+        e = min(s + kc, Lk)
+        parts.append(_rotated_part(qT, kT[..., s:e].contiguous(), ek[..., s:e] - eq, w2, triple_chunk, scratch))
+    return scores + torch.cat(parts, dim=-1)
+
+
+_PAIRS = 8192  # (batch · head · query, key) pairs per chunk in :func:`linear_geope_scores`
+_MIN_KEYS = 16
+
+
+def _buffer(scratch: dict | None, key: str, shape: torch.Size, like: torch.Tensor) -> torch.Tensor | None:
+    """A reusable output buffer of ``shape`` (None when buffers are off, i.e. under autograd)."""
+    if scratch is None:
+        return None
+    key = (key, tuple(shape))  # a shorter last chunk gets its own buffer instead of evicting the main one
+    if key not in scratch:
+        scratch[key] = like.new_empty(shape)
+    return scratch[key]
+
+
+def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
+    """``Σ_i ⟨q_i, (R_i − I) k_i⟩`` of a key chunk, ``(B, H, Lq, Lk)``, by Rodrigues (GeoPE eq. 36).
+
+    ``qT (B, H, Lq, 3, n)``, ``kT (B, H, n, 3, Lk)``, displacements ``P (Pb, 1, Lq, 3, Lk)``. With the unit
+    axis a and A_i = ω_i‖P‖: ``⟨q, (R − I) k⟩ = sin A · a·(k × q) + vers A · ((a·q)(a·k) − q·k)``. The
+    triple sums ``T^f_dc = Σ_i f(A_i) q_id k_ic`` are one matmul over the triples; a enters per pair.
+    """
+    n = w2.shape[0]
+    dist = P.norm(dim=-2, keepdim=True)  # (Pb, 1, Lq, 1, Lk)
     inv = torch.where(dist > 0, 1.0 / torch.where(dist > 0, dist, torch.ones_like(dist)), torch.zeros_like(dist))
-    axis = [P[..., c : c + 1] * inv for c in range(3)]  # unit axis (0 where the positions coincide)
-    if 3 * n < D:
-        scores = q[..., 3 * n :].to(work) @ k[..., 3 * n :].to(work).transpose(-1, -2)
-    else:
-        scores = q.new_zeros((B, H, Lq, Lk), dtype=work)
-    w_all = freqs.to(work)
+    axis = P * inv  # unit axis, 0 where the positions coincide (then only q·k remains)
+    T = None
     for j0 in range(0, n, triple_chunk):
         j1 = min(j0 + triple_chunk, n)
-        angle = dist * w_all[j0:j1]  # (Pb, 1, Lq, Lk, t)
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        vers = 2.0 * torch.sin(0.5 * angle).square()  # 1 − cos, without cancellation
-        del angle
-        qt = q[..., 3 * j0 : 3 * j1].to(work).unflatten(-1, (j1 - j0, 3))  # (B, H, Lq, t, 3)
-        kt = k[..., 3 * j0 : 3 * j1].to(work).unflatten(-1, (j1 - j0, 3))[:, :, None]  # (B, H, 1, Lk, t, 3)
-        kc = [kt[..., c] for c in range(3)]
-        vak = vers * (axis[0] * kc[0] + axis[1] * kc[1] + axis[2] * kc[2])  # (1 − cos) (a · k)
-        for c in range(3):
-            a, b = (c + 1) % 3, (c + 2) % 3
-            # (R k)_c = cos k_c + sin (a × k)_c + (1 − cos) a_c (a · k)   (Rodrigues, GeoPE eq. 36)
-            rk = cos * kc[c] + sin * (axis[a] * kc[b] - axis[b] * kc[a]) + axis[c] * vak
-            scores = scores + torch.einsum("bhmni,bhmi->bhmn", rk, qt[..., c])
-    return scores
+        d, w = dist[..., None, :, :], w2[j0:j1]
+        f = torch.mul(d, w, out=_buffer(scratch, "f", torch.broadcast_shapes(d.shape, w.shape), d))
+        f.sin_()  # (Pb, 1, Lq, t, 2, Lk): sin A, sin(A/2); positions carry no gradient
+        f[..., 1, :].square_()  # ½ vers A, free of the cancellation in 1 − cos A near 0
+        # k first: with this operand order the broadcast loop runs several times faster on CPU
+        a, b = kT[:, :, None, j0:j1, None], f[..., :, None, :]
+        fk = torch.mul(a, b, out=_buffer(scratch, "fk", torch.broadcast_shapes(a.shape, b.shape), f))
+        fk = fk.flatten(-3)  # (B, H, Lq, t, 6 Lk)
+        out_shape = fk.shape[:-2] + (3, fk.shape[-1])
+        part = torch.matmul(qT[..., j0:j1], fk, out=_buffer(scratch, f"T{j0}", out_shape, fk))
+        part = part.unflatten(-1, (2, 3, -1))  # (B, H, Lq, 3, 2, 3, Lk)
+        T = part if T is None else T + part
+    # per pair, a = axis. sin: a·(k × q) = Σ_e a_e (k_{e+1} q_{e+2} − k_{e+2} q_{e+1}), whose q_d terms are
+    # a_{d+1} k_{d+2} − a_{d+2} k_{d+1}. vers: aᵀ T^vers a − trace T^vers, times 2 since f holds ½ vers A.
+    a = [axis[..., e, :] for e in range(3)]  # (Pb, 1, Lq, Lk)
+    sin_part, vers_part = 0.0, 0.0
+    for d in range(3):
+        d1, d2 = (d + 1) % 3, (d + 2) % 3
+        sin_part = sin_part + T[..., d, 0, d2, :] * a[d1] - T[..., d, 0, d1, :] * a[d2]
+        av = T[..., d, 1, 0, :] * a[0] + T[..., d, 1, 1, :] * a[1] + T[..., d, 1, 2, :] * a[2]
+        vers_part = vers_part + av * a[d] - T[..., d, 1, d, :]
+    return sin_part + 2.0 * vers_part
 
 
 def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from):
