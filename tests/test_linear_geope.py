@@ -168,6 +168,7 @@ def test_key_chunks_and_reused_buffers_match_the_reference(monkeypatch, triple_c
     import ropekit.apply.linear_geope as lg
 
     monkeypatch.setattr(lg, "_PAIRS", 1)  # 16 keys per chunk: 37 keys give chunks of 16, 16 and 5
+    monkeypatch.setattr(lg, "_GRAD_PAIRS", 1)
     pos = _grid(37, 1) * 0.5 + torch.tensor([0.0, 2.0])
     pos[5] = pos[20]  # a coincident pair across chunks: zero displacement, only q·k remains
     q, k, v = (t.double() for t in _qkv(37, 13, seed=11, B=1, H=2))
@@ -177,11 +178,14 @@ def test_key_chunks_and_reused_buffers_match_the_reference(monkeypatch, triple_c
         s = lg.linear_geope_scores(q, k, pos, pos, f, triple_chunk=triple_chunk)
     torch.testing.assert_close(torch.softmax(s / math.sqrt(13), -1) @ v, ref)
     q.requires_grad_()
+    k.requires_grad_()
     out = torch.softmax(lg.linear_geope_scores(q, k, pos, pos, f, triple_chunk=triple_chunk) / math.sqrt(13), -1) @ v
     torch.testing.assert_close(out, ref)
-    (g,) = torch.autograd.grad(out.sum(), q)
-    (g_ref,) = torch.autograd.grad(reference_attention(q, k, v, pos, pos).sum(), q)
-    torch.testing.assert_close(g, g_ref)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), (q, k))
+    ref_grads = torch.autograd.grad((reference_attention(q, k, v, pos, pos) * w).sum(), (q, k))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
 
 
 def test_triple_chunk_must_be_positive():

@@ -87,10 +87,11 @@ def linear_geope_scores(
     w2 = torch.stack((freqs.to(work), 0.5 * freqs.to(work)), dim=-1)[..., None]  # (n, 2, 1)
     qT = qw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2).contiguous()  # (B, H, Lq, 3, n)
     kT = kw[..., : 3 * n].unflatten(-1, (n, 3)).permute(0, 1, 3, 4, 2)  # (B, H, n, 3, Lk)
-    # keys in chunks so the (pair, triple) temporaries stay near cache size
-    kc = max(_MIN_KEYS, _PAIRS // max(1, B * H * Lq))
     # without autograd the large per-chunk temporaries are written into reused buffers (no fresh pages)
     scratch = None if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else {}
+    # keys in chunks so the (pair, triple) temporaries stay near cache size; under autograd larger ones,
+    # since many small pair-sized tensors kept for backward fragment the heap (measured: 3× the memory)
+    kc = max(_MIN_KEYS, (_PAIRS if scratch is not None else _GRAD_PAIRS) // max(1, B * H * Lq))
     parts = []
     for s in range(0, Lk, kc):
         e = min(s + kc, Lk)
@@ -99,6 +100,7 @@ def linear_geope_scores(
 
 
 _PAIRS = 8192  # (batch · head · query, key) pairs per chunk in :func:`linear_geope_scores`
+_GRAD_PAIRS = 32768  # the same under autograd
 _MIN_KEYS = 16
 
 
@@ -110,6 +112,51 @@ def _buffer(scratch: dict | None, key: str, shape: torch.Size, like: torch.Tenso
     if key not in scratch:
         scratch[key] = like.new_empty(shape)
     return scratch[key]
+
+
+def _weights(dist: torch.Tensor, w2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``(sin A_i, ½ vers A_i)`` per pair and triple, ``(Pb, 1, Lq, t, 2, Lk)``, from ``dist (Pb, 1, Lq, 1, Lk)``."""
+    f = torch.mul(dist[..., None, :, :], w2, out=out)
+    f.sin_()  # sin A, sin(A/2); positions carry no gradient
+    f[..., 1, :].square_()  # ½ vers A = sin²(A/2), free of the cancellation in 1 − cos A near 0
+    return f
+
+
+def _weighted_keys(kT: torch.Tensor, f: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``f(A_i) k_ic`` per pair, ``(B, H, Lq, t, 6·Lk)``; k first, as the broadcast loop is faster that way."""
+    return torch.mul(kT[:, :, None, :, None], f[..., :, None, :], out=out).flatten(-3)
+
+
+def _triple_sums(qT, kT, dist, w2, scratch, key):
+    """``T[d, (f, c, n)] = Σ_i q_id f(A_i) k_ic`` of a key chunk, ``(B, H, Lq, 3, 6·Lk)``, in reused buffers."""
+    f_shape = dist.shape[:-2] + w2.shape[:2] + dist.shape[-1:]
+    f = _weights(dist, w2, out=_buffer(scratch, "f", f_shape, dist))
+    fk_shape = torch.broadcast_shapes(kT[:, :, None, :, None].shape, f[..., :, None, :].shape)
+    fk = _weighted_keys(kT, f, out=_buffer(scratch, "fk", fk_shape, f))
+    return torch.matmul(qT, fk, out=_buffer(scratch, key, fk.shape[:-2] + (3, fk.shape[-1]), fk))
+
+
+class _TripleSums(torch.autograd.Function):
+    """:func:`_triple_sums` under autograd; backward recomputes the weights from the distances, so only
+    pair-sized tensors are kept between forward and backward."""
+
+    @staticmethod
+    def forward(ctx, qT, kT, dist, w2):
+        ctx.save_for_backward(qT, kT, dist, w2)
+        return qT @ _weighted_keys(kT, _weights(dist, w2))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        qT, kT, dist, w2 = ctx.saved_tensors
+        f = _weights(dist, w2)
+        gq = gk = None
+        if ctx.needs_input_grad[0]:
+            gq = (g @ _weighted_keys(kT, f).transpose(-1, -2)).sum_to_size(qT.shape)
+        if ctx.needs_input_grad[1]:
+            gfk = (qT.transpose(-1, -2) @ g).unflatten(-1, (2, 3, -1))  # (B, H, Lq, t, 2, 3, Lk)
+            gk = (gfk * f[..., :, None, :]).sum(dim=(2, 4)).sum_to_size(kT.shape)
+        return gq, gk, None, None
 
 
 def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
@@ -126,16 +173,10 @@ def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
     T = None
     for j0 in range(0, n, triple_chunk):
         j1 = min(j0 + triple_chunk, n)
-        d, w = dist[..., None, :, :], w2[j0:j1]
-        f = torch.mul(d, w, out=_buffer(scratch, "f", torch.broadcast_shapes(d.shape, w.shape), d))
-        f.sin_()  # (Pb, 1, Lq, t, 2, Lk): sin A, sin(A/2); positions carry no gradient
-        f[..., 1, :].square_()  # ½ vers A, free of the cancellation in 1 − cos A near 0
-        # k first: with this operand order the broadcast loop runs several times faster on CPU
-        a, b = kT[:, :, None, j0:j1, None], f[..., :, None, :]
-        fk = torch.mul(a, b, out=_buffer(scratch, "fk", torch.broadcast_shapes(a.shape, b.shape), f))
-        fk = fk.flatten(-3)  # (B, H, Lq, t, 6 Lk)
-        out_shape = fk.shape[:-2] + (3, fk.shape[-1])
-        part = torch.matmul(qT[..., j0:j1], fk, out=_buffer(scratch, f"T{j0}", out_shape, fk))
+        if scratch is None:  # autograd: a Function that keeps no (pair, triple) tensor for backward
+            part = _TripleSums.apply(qT[..., j0:j1], kT[:, :, j0:j1], dist, w2[j0:j1])
+        else:
+            part = _triple_sums(qT[..., j0:j1], kT[:, :, j0:j1], dist, w2[j0:j1], scratch, f"T{j0}")
         part = part.unflatten(-1, (2, 3, -1))  # (B, H, Lq, 3, 2, 3, Lk)
         T = part if T is None else T + part
     # per pair, a = axis. sin: a·(k × q) = Σ_e a_e (k_{e+1} q_{e+2} − k_{e+2} q_{e+1}), whose q_d terms are
