@@ -102,8 +102,8 @@ def main() -> dict:
         row = _run(cfg)
         L = cfg["side"] ** 2
         if cfg["mode"] == "linear":
-            # largest temporary: (block, L, triple_chunk = 8) float32
-            row["largest_temporary_mib"] = round(min(cfg["block"], L) * L * min(8, n) * 4 / 2**20, 1)
+            # largest temporary: (block, L, triple_chunk) float32, triple_chunk = 32 by default
+            row["largest_temporary_mib"] = round(min(cfg["block"], L) * L * min(32, n) * 4 / 2**20, 1)
         if cfg["mode"] == "materialised":
             row["rotation_matrices_mib"] = round(L * L * n * 9 * 4 / 2**20, 1)
         rows.append(row)
