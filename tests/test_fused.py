@@ -3,6 +3,7 @@ and the Triton kernel (run through Triton's CPU interpreter) agrees with both.""
 from __future__ import annotations
 
 import importlib.util
+import platform
 
 import pytest
 import torch
@@ -177,7 +178,12 @@ def test_cpu_without_triton_falls_back(monkeypatch):
 
 # --- Triton kernel, run on CPU tensors by Triton's interpreter (TRITON_INTERPRET=1) -----------------
 
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+# triton is in the test extra wherever it ships wheels (Linux x86_64): there a missing triton is a
+# set-up error and these tests fail; elsewhere the Triton backend cannot exist and they are skipped.
+TRITON_PLATFORM = platform.system() == "Linux" and platform.machine() == "x86_64"
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON and not TRITON_PLATFORM, reason="no triton wheels for this platform (CUDA backend only)"
+)
 
 
 @pytest.fixture

@@ -3,16 +3,11 @@ import math
 
 import pytest
 import torch
+from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
 
 import ropekit
 from ropekit import angles, apply_rotary, apply_rotary_qk, cos_sin, frequency_matrix
-
-transformers = pytest.importorskip("transformers")
-from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig  # noqa: E402
-from transformers.models.qwen2_vl.modeling_qwen2_vl import (  # noqa: E402
-    Qwen2VLRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
 
 
 def brute_force(x, coords, W, channels):
