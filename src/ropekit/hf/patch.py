@@ -28,6 +28,7 @@ from ..age import age_schedule
 from ..designs import get_design
 from ..designs.registry import check_options
 from ..index import rope_index
+from ..apply.planar import cos_sin
 from ..rotations.planar import angles, frequency_matrix
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -404,9 +405,10 @@ def _make_rotary(state: _State):
         with torch.no_grad():
             for name, geo in state.geometries.items():
                 pos = pending[name].to(x.device, torch.float32)
-                ang = angles(pos.permute(1, 2, 0), geo.W.to(x.device))
-                cos = torch.cat([ang.cos(), ang.cos()], dim=-1) * state.scaling
-                sin = torch.cat([ang.sin(), ang.sin()], dim=-1) * state.scaling
+                c, s = cos_sin(angles(pos.permute(1, 2, 0), geo.W.to(x.device)))
+                # the model's own apply uses rotate-half tables, so each half repeats the pair's value
+                cos = torch.cat([c, c], dim=-1) * state.scaling
+                sin = torch.cat([s, s], dim=-1) * state.scaling
                 geoms[name] = (cos.to(x.dtype), sin.to(x.dtype))
         first = geoms[state.layer_geometry[0]]
         out = _Embeddings(first)
