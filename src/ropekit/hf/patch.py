@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..age import age_schedule
-from ..designs import get_design
+from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..index import rope_index
 from ..apply.planar import cos_sin
@@ -159,7 +159,7 @@ def _geometry(
 ) -> _Geometry:
     d = get_design(name)
     check_options(d, options)
-    num_axes = int(rope_index(None, torch.zeros(1, 1, dtype=torch.long), design=name, **options)[0].shape[0])
+    num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
     alloc = allocation or (native if d.allocation == "mrope" else d.allocation)
     secs = list(sections) if alloc in ("mrope", "interleaved") and len(sections) == num_axes else None
     try:
