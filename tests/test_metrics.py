@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from ropekit import frequency_matrix, positions
+from ropekit import frequency_matrix
 from ropekit.analysis.kernel import expected_kernel, monte_carlo_kernel
 from ropekit.analysis.metrics import attention_bias_map, layout_ptd, ptd
 

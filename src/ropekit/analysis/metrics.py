@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import IMAGE, TEXT, VIDEO, Image, Layout, Video
+from ..layout import TEXT, Image, Layout, Video
 from ..rope import design_frequencies
 from ..designs.registry import positions
 from .kernel import kernel_between

@@ -7,8 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..designs.registry import positions
-from ..layout import Grid, Layout
 
 __all__ = ["Rotary", "RotaryAttention", "TinyViT"]
 
@@ -85,7 +83,3 @@ class TinyViT(nn.Module):
             x = blk(x, self.coords)
         return self.head(self.norm(x).mean(1))
 
-
-def grid_coords(layout: "Layout | str", design: str = "vanilla") -> torch.Tensor:
-    """Coordinates of a layout under a design, for feeding :class:`RotaryAttention`."""
-    return positions(Layout.coerce(layout), design)
