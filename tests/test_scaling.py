@@ -208,3 +208,14 @@ def test_rope_rejects_bad_scaling_at_construction():
 
 def test_parse_accepts_the_old_rope_scaling_key_type():
     assert parse_scaling({"type": "linear", "factor": 2.0}).rope_type == "linear"
+
+
+def test_docs_examples_run():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    namespace: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        exec(compile(block, "docs/scaling.md", "exec"), namespace)
+    assert namespace["rope"].attention_scaling == namespace["attention_factor"] == pytest.approx(0.1 * math.log(4) + 1)
