@@ -122,6 +122,17 @@ def test_buffers_follow_to_and_stay_out_of_the_state_dict():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), rot)
     model.load_state_dict(torch.nn.Sequential(torch.nn.Linear(4, 4)).state_dict(), strict=True)
     assert rot.to(torch.float64).W.dtype == torch.float64
+
+
+def test_half_precision_modules_keep_exact_frequencies():
+    """model.half() / .bfloat16() must not round the frequencies to 16 bits (every angle would drift)."""
+    ref = RotaryEmbedding(64)
+    for dtype in (torch.float16, torch.bfloat16):
+        rot = RotaryEmbedding(64).to(dtype)
+        assert rot.W.dtype == torch.float32 and torch.equal(rot.W, ref.W)
+        x = _randn(1, 2, 5, 64, seed=14).to(dtype)
+        torch.testing.assert_close(rot.rotate_queries_or_keys(x, offset=3000),
+                                   ref.rotate_queries_or_keys(x, offset=3000), rtol=0, atol=0)
     assert rot.to("meta").W.device.type == "meta"
 
 

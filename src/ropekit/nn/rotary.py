@@ -40,8 +40,9 @@ class RotaryEmbedding(nn.Module):
     - ``frequencies``: your own frequency matrix ``(num_axes, rotary_dim/2)`` instead of the allocation's.
 
     The frequency matrix is a non-persistent buffer: it follows ``.to()`` / ``.cuda()`` and stays out of the
-    state dict (it is a function of the arguments, not a weight). Angles are always float32, whatever the
-    input dtype.
+    state dict (it is a function of the arguments, not a weight). ``.half()`` / ``.bfloat16()`` leave it in
+    float32 (rounding frequencies to 16 bits would shift every angle); angles are always float32, whatever
+    the input dtype.
     """
 
     def __init__(
@@ -74,6 +75,13 @@ class RotaryEmbedding(nn.Module):
         self.num_axes = num_axes
         W = self._custom(frequencies, scaling) if frequencies is not None else self.rope.frequencies(num_axes)
         self.register_buffer("W", W.clone(), persistent=False)
+        self._W_exact = W.clone()  # float32 master copy: .half() / .bfloat16() must not round the frequencies
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.W.dtype not in (torch.float32, torch.float64):
+            self.W = self._W_exact.to(self.W.device)
+        return self
 
     def _custom(self, W: torch.Tensor, scaling: Mapping[str, Any] | None) -> torch.Tensor:
         shape = (self.num_axes, self.rope.rotary_dim // 2)

@@ -366,7 +366,7 @@ def scale_frequencies(
         theta = W2[a, mask].abs().float()
         e, idx = _exponents(theta, dim, base)
         if s.rope_type == "longrope":
-            new = 1.0 / (_longrope_rescale(s, seq_len, W2.shape[-1])[mask] * base ** e)
+            new = 1.0 / (_longrope_rescale(s, seq_len, W2.shape[-1]).to(W2.device)[mask] * base ** e)
         else:
             new = _METHODS[s.rope_type](theta, e, idx, dim, base, s.params, factors[a], seq_len)
         out[a, mask] = (new * torch.sign(W2[a, mask]).float()).to(W.dtype)
