@@ -171,12 +171,14 @@ BAD = [
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
       "original_max_position_embeddings": 8}, ValueError, "high_freq_factor"),
     ({"rope_type": "dynamic", "factor": 2.0}, ValueError, "max_position_embeddings"),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 31, "long_factor": [2.0] * 31,
+    ({"rope_type": "longrope", "short_factor": [1.0] * 31, "long_factor": [2.0] * 31, "factor": 4.0,
       "original_max_position_embeddings": 64}, ValueError, "short_factor"),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 31,
+    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 31, "factor": 4.0,
       "original_max_position_embeddings": 64}, ValueError, "long_factor"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 32, "original_max_position_embeddings": 64},
      ValueError, "long_factor"),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32,
+      "original_max_position_embeddings": 64}, ValueError, "factor"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}, ValueError,
      "original_max_position_embeddings"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 8},
@@ -201,7 +203,7 @@ def test_rope_rejects_bad_scaling_at_construction():
         ropekit.RoPE("vanilla", head_dim=64, scaling={"rope_type": "bogus"})
     with pytest.raises(ValueError, match="short_factor"):
         ropekit.RoPE("vanilla", head_dim=64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
-                                                      "long_factor": [1.0] * 8,
+                                                      "long_factor": [1.0] * 8, "factor": 2.0,
                                                       "original_max_position_embeddings": 16}).cos_sin(
             torch.zeros(2, 1))
 

@@ -70,10 +70,7 @@ class Scaling:
         return self.rope_type in ("dynamic", "longrope")
 
     def axis_factors(self, num_axes: int) -> list[Any]:
-        """Per axis of ``W``: the factor that axis is scaled by (``None`` for an axis left alone).
-
-        LongRoPE (whose factors are per frequency pair) reports its overall ``factor`` on scaled axes.
-        """
+        """Per axis of ``W``: the factor that axis is scaled by (``None`` for an axis left alone)."""
         f = self.params.get("factor")
         if isinstance(f, (list, tuple)):
             if len(f) != num_axes:
@@ -94,10 +91,7 @@ class Scaling:
         """Indices of the axes this scaling changes."""
         if self.rope_type == "default":
             return []
-        f = self.axis_factors(num_axes)
-        if self.rope_type == "longrope":  # the factor may be absent: only `axes` selects
-            return [a for a in range(num_axes) if self.axes is None or a in self.axes]
-        return [a for a in range(num_axes) if f[a] is not None]
+        return [a for a, f in enumerate(self.axis_factors(num_axes)) if f is not None]
 
 
 def _positive(value: Any, name: str, *, allow_none: bool = False) -> Any:
@@ -159,62 +153,83 @@ def parse_scaling(
 
 
 def _check(rope_type: str, p: dict) -> None:
+    """Validate (and complete, as transformers does) the parameters of one method, in place."""
     if rope_type == "default":
         return
     if "max_position_embeddings" in p:
         _positive_int(p["max_position_embeddings"], "max_position_embeddings")
     if rope_type in _NEEDS_ORIGINAL:
-        if "original_max_position_embeddings" not in p:
-            if "max_position_embeddings" not in p:
-                raise ValueError(f"scaling: rope_type {rope_type!r} needs `original_max_position_embeddings` "
-                                 f"(the context length the model was trained with)")
-            p["original_max_position_embeddings"] = p["max_position_embeddings"]
-        _positive_int(p["original_max_position_embeddings"], "original_max_position_embeddings")
-    if rope_type in ("yarn", "longrope") and p.get("factor") is None:
-        if "max_position_embeddings" not in p and rope_type == "yarn":
-            raise ValueError("scaling: rope_type 'yarn' needs `factor` (or `max_position_embeddings` to derive it)")
-        if "max_position_embeddings" in p:
-            p["factor"] = p["max_position_embeddings"] / p["original_max_position_embeddings"]
+        _check_original(rope_type, p)
     if rope_type == "longrope":
-        for key in ("short_factor", "long_factor"):
-            v = p.get(key)
-            if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v:
-                raise ValueError(f"scaling: longrope needs `{key}`, a list with one number per frequency pair")
-            for x in v:
-                _positive(x, key)
-        if len(p["short_factor"]) != len(p["long_factor"]):
-            raise ValueError(f"scaling: `short_factor` ({len(p['short_factor'])}) and `long_factor` "
-                             f"({len(p['long_factor'])}) must have the same length (rotary_dim / 2)")
-    if "factor" not in p:
-        if rope_type != "longrope":
-            raise ValueError(f"scaling: rope_type {rope_type!r} needs `factor`")
-    elif isinstance(p["factor"], (list, tuple)):
-        if rope_type in ("longrope",) or not p["factor"]:
-            raise ValueError(f"scaling: `factor` must be one number for rope_type {rope_type!r}")
-        for x in p["factor"]:
-            _positive(x, "factor")
-    else:
-        _positive(p["factor"], "factor", allow_none=rope_type == "longrope")
+        _check_longrope_lists(p)
+    _check_factor(rope_type, p)
     if rope_type == "dynamic" and "max_position_embeddings" not in p:
         raise ValueError("scaling: rope_type 'dynamic' needs `max_position_embeddings` (the trained context length "
                          "beyond which the base grows)")
     if rope_type == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor"):
-            if key not in p:
-                raise ValueError(f"scaling: rope_type 'llama3' needs `{key}`")
-            _positive(p[key], key)
-        if p["high_freq_factor"] <= p["low_freq_factor"]:
-            raise ValueError(f"scaling: llama3 needs `high_freq_factor` > `low_freq_factor`, got "
-                             f"{p['high_freq_factor']} <= {p['low_freq_factor']}")
+        _check_llama3(p)
     if rope_type == "yarn":
-        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-            if p.get(key) is not None and (isinstance(p[key], bool) or not isinstance(p[key], Real)):
-                raise ValueError(f"scaling: `{key}` must be a number, got {p[key]!r}")
-        if (p.get("beta_fast") or 32) < (p.get("beta_slow") or 1):
-            raise ValueError(f"scaling: yarn needs `beta_fast` >= `beta_slow`, got {p.get('beta_fast')} and "
-                             f"{p.get('beta_slow')}")
+        _check_yarn(p)
     if rope_type in ("yarn", "longrope"):
         _positive(p.get("attention_factor"), "attention_factor", allow_none=True)
+
+
+def _check_original(rope_type: str, p: dict) -> None:
+    if "original_max_position_embeddings" not in p:
+        if "max_position_embeddings" not in p:
+            raise ValueError(f"scaling: rope_type {rope_type!r} needs `original_max_position_embeddings` "
+                             f"(the context length the model was trained with)")
+        p["original_max_position_embeddings"] = p["max_position_embeddings"]
+    _positive_int(p["original_max_position_embeddings"], "original_max_position_embeddings")
+
+
+def _check_longrope_lists(p: dict) -> None:
+    for key in ("short_factor", "long_factor"):
+        v = p.get(key)
+        if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v:
+            raise ValueError(f"scaling: longrope needs `{key}`, a list with one number per frequency pair")
+        for x in v:
+            _positive(x, key)
+    if len(p["short_factor"]) != len(p["long_factor"]):
+        raise ValueError(f"scaling: `short_factor` ({len(p['short_factor'])}) and `long_factor` "
+                         f"({len(p['long_factor'])}) must have the same length (rotary_dim / 2)")
+
+
+def _check_factor(rope_type: str, p: dict) -> None:
+    if rope_type in ("yarn", "longrope") and p.get("factor") is None:
+        if "max_position_embeddings" not in p:  # the attention factor (and YaRN's frequencies) need one
+            raise ValueError(f"scaling: rope_type {rope_type!r} needs `factor` (or `max_position_embeddings`, "
+                             f"from which factor = max_position_embeddings / original_max_position_embeddings)")
+        p["factor"] = p["max_position_embeddings"] / p["original_max_position_embeddings"]
+    if "factor" not in p:
+        raise ValueError(f"scaling: rope_type {rope_type!r} needs `factor`")
+    factor = p["factor"]
+    if isinstance(factor, (list, tuple)):
+        if rope_type == "longrope" or not factor:
+            raise ValueError(f"scaling: `factor` must be one number for rope_type {rope_type!r}")
+        for x in factor:
+            _positive(x, "factor")
+    else:
+        _positive(factor, "factor")
+
+
+def _check_llama3(p: dict) -> None:
+    for key in ("low_freq_factor", "high_freq_factor"):
+        if key not in p:
+            raise ValueError(f"scaling: rope_type 'llama3' needs `{key}`")
+        _positive(p[key], key)
+    if p["high_freq_factor"] <= p["low_freq_factor"]:
+        raise ValueError(f"scaling: llama3 needs `high_freq_factor` > `low_freq_factor`, got "
+                         f"{p['high_freq_factor']} <= {p['low_freq_factor']}")
+
+
+def _check_yarn(p: dict) -> None:
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if p.get(key) is not None and (isinstance(p[key], bool) or not isinstance(p[key], Real)):
+            raise ValueError(f"scaling: `{key}` must be a number, got {p[key]!r}")
+    if (p.get("beta_fast") or 32) < (p.get("beta_slow") or 1):
+        raise ValueError(f"scaling: yarn needs `beta_fast` >= `beta_slow`, got {p.get('beta_fast')} and "
+                         f"{p.get('beta_slow')}")
 
 
 # --- the methods: each maps frequencies θ (with their exponents e, θ = 1/base**e) to θ' --------------------
