@@ -8,7 +8,6 @@ from rotary_embedding_torch import apply_rotary_emb
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-import ropekit
 from ropekit import RotaryEmbedding
 
 
