@@ -221,3 +221,26 @@ def test_docs_examples_run():
     for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
         exec(compile(block, "docs/scaling.md", "exec"), namespace)
     assert namespace["rope"].attention_scaling == namespace["attention_factor"] == pytest.approx(0.1 * math.log(4) + 1)
+
+
+@pytest.mark.parametrize("name", ["yarn", "llama3", "dynamic", "linear"])
+def test_partial_rotary_matches_transformers(name):
+    """partial_rotary_factor in the dict only describes the dim; the rotary dim you pass decides."""
+    params, max_pos = CASES[name]
+    cfg = _config({**params, "partial_rotary_factor": 0.5}, max_pos, 1e4)
+    ref, ref_attn = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, None, seq_len=9000)
+    rope = ropekit.RoPE("vanilla", head_dim=HEAD_DIM, rotary_dim=HEAD_DIM // 2, base=1e4,
+                        scaling=scaling_from_config(cfg))
+    assert torch.equal(rope.frequencies(1, seq_len=9000)[0], ref)
+    assert rope.attention_scaling == ref_attn
+
+
+def test_axial_allocation_scales_each_axis_as_its_own_spectrum():
+    """Axial gives every axis a full spectrum of R/A channels: scaling uses that spectrum's dim."""
+    params = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}
+    rope = ropekit.RoPE("rope2d", head_dim=HEAD_DIM, allocation="axial", scaling=params)
+    W = rope.frequencies(2)
+    per_axis, _ = scaled_inv_freq(HEAD_DIM // 2, params)
+    torch.testing.assert_close(W[0, : HEAD_DIM // 4], per_axis, rtol=1e-6, atol=0)
+    torch.testing.assert_close(W[1, HEAD_DIM // 4:], per_axis, rtol=1e-6, atol=0)
+    assert (W[0, HEAD_DIM // 4:] == 0).all() and (W[1, : HEAD_DIM // 4] == 0).all()
