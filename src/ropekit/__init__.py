@@ -18,6 +18,7 @@ from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
 from .rotations.directional import directional_matrix, nd_directions
 from .rotations.mixed import MixedFrequencies, mixed_init
 from .rotations.geope import GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
+from .rotations.scaling import scale_frequencies, scaled_inv_freq
 
 # 4. apply
 from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
@@ -26,6 +27,7 @@ from .apply.linear_geope import linear_geope_attention
 
 # all four stages in one object
 from .rope import RoPE, design_frequencies
+from .nn.rotary import RotaryEmbedding
 
 # analysis and integrations
 from .analysis.metrics import attention_bias_map, layout_ptd, ptd
@@ -45,6 +47,7 @@ __all__ = [
     "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
     "GeoPE", "apply_geope", "apply_geope_qk", "linear_geope_attention",
     "RoPE", "design_frequencies",
+    "RotaryEmbedding", "scale_frequencies", "scaled_inv_freq",
     "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "relative_error", "relative_table", "geope_expected_kernel",
     "hf", "patch_model", "unpatch_model",

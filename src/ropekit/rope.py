@@ -16,6 +16,7 @@ from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
 from .layout import Layout
 from .rotations.planar import ALLOCATIONS, angles, frequency_matrix
+from .rotations.scaling import attention_factor, parse_scaling, scale_frequencies
 
 __all__ = ["RoPE", "design_frequencies"]
 
@@ -61,6 +62,7 @@ class RoPE:
     sections: Sequence[int] | None = None
     channels: str = "half"
     design_options: dict = field(default_factory=dict)
+    scaling: dict | None = None  # context extension, a rope_parameters-style dict (docs/scaling.md)
 
     def __post_init__(self) -> None:
         d = get_design(self.design)
@@ -78,26 +80,50 @@ class RoPE:
         if self.channels not in CHANNEL_LAYOUTS:
             raise ValueError(f"`channels` must be 'half' or 'interleaved', got {self.channels!r}")
         self._W: dict[int, torch.Tensor] = {}
+        self._scaling, self._W_scaled = parse_scaling(self.scaling, base=self.base), {}
 
     def coords(self, layout: "Layout | str") -> torch.Tensor:
         """Token coordinates ``(L, A)`` of the layout under this design."""
         return positions(layout, self.design, **self.design_options)
 
-    def frequencies(self, num_axes: int) -> torch.Tensor:
-        """The frequency matrix for coordinates with ``num_axes`` axes (cached)."""
+    def frequencies(self, num_axes: int, seq_len: int | None = None) -> torch.Tensor:
+        """The frequency matrix for coordinates with ``num_axes`` axes (cached), after any ``scaling``.
+
+        ``seq_len`` (largest position + 1) matters only to length-dependent scaling (dynamic NTK, LongRoPE).
+        """
         if num_axes not in self._W:
             self._W[num_axes] = design_frequencies(
                 self.design, self.rotary_dim, num_axes,
                 allocation=self.allocation, base=self.base, sections=self.sections,
             )
-        return self._W[num_axes]
+        if self._scaling.rope_type == "default":
+            return self._W[num_axes]
+        if self._scaling.depends_on_length or num_axes not in self._W_scaled:
+            axial = (self.allocation or get_design(self.design).allocation) == "axial"
+            W, _ = scale_frequencies(self._W[num_axes], self._scaling, base=self.base, seq_len=seq_len,
+                                     dim=self.rotary_dim // num_axes if axial else self.rotary_dim)
+            if self._scaling.depends_on_length:
+                return W
+            self._W_scaled[num_axes] = W
+        return self._W_scaled[num_axes]
+
+    @property
+    def attention_scaling(self) -> float:
+        """Factor multiplying cos and sin (YaRN / LongRoPE attention factor; 1.0 without scaling)."""
+        return attention_factor(self._scaling)
 
     def cos_sin(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos/sin ``(..., L, rotary_dim/2)`` for coordinates ``(..., L, A)``; compute once per forward."""
+        """float32 cos/sin ``(..., L, rotary_dim/2)`` for coordinates ``(..., L, A)``; compute once per forward.
+
+        With ``scaling``, cos and sin carry the attention factor, as in transformers.
+        """
         if torch.isnan(coords).any():
             raise ValueError("`coords` contain NaN; positions must be finite numbers")
-        W = self.frequencies(coords.shape[-1]).to(coords.device)
-        return cos_sin(angles(coords, W))
+        seq_len = int(coords.max().floor()) + 1 if self._scaling.depends_on_length and coords.numel() else None
+        W = self.frequencies(coords.shape[-1], seq_len).to(coords.device)
+        cos, sin = cos_sin(angles(coords, W))
+        scale = self.attention_scaling
+        return (cos, sin) if scale == 1.0 else (cos * scale, sin * scale)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, coords: "torch.Tensor | Layout | str", *, seq_dim: int = -2
