@@ -135,16 +135,6 @@ def test_half_precision_modules_keep_exact_frequencies():
     assert rot.to("meta").W.device.type == "meta"
 
 
-def test_module_runs_on_cuda_when_available():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here; the CPU tests cover the maths")
-    rot = RotaryEmbedding(64, interleaved=True).cuda()
-    assert rot.W.is_cuda
-    x = _randn(1, 2, 9, 64, seed=13)
-    torch.testing.assert_close(rot.rotate_queries_or_keys(x.cuda(), offset=3).cpu(),
-                               RefRotary(64).rotate_queries_or_keys(x, offset=3), rtol=1e-5, atol=1e-5)
-
-
 BAD = [
     (lambda: RotaryEmbedding(64, interleaved="yes"), TypeError, "interleaved"),
     (lambda: RotaryEmbedding(63), ValueError, "head_dim"),
