@@ -36,7 +36,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
     chosen = _design_list(args.designs)
-    layout = str(Layout.parse(args.layout)) if args.layout is not None else None
+    layout = None
+    if args.layout is not None:
+        lay = Layout.parse(args.layout)
+        kinds = set(lay.token_types().tolist())
+        if 0 not in kinds or kinds == {0}:
+            raise ValueError(f"`--layout` {args.layout!r} needs both text and image/video tokens for the PTD and "
+                             "bias measurements, e.g. --layout 'T4 I4x4 T4'")
+        layout = str(lay)
     metrics = build_report(args.out, progress=not args.quiet, layout=layout, designs=chosen)
     out = Path(args.out).resolve()
     print(f"report written to {out / 'index.html'} (metrics in {out / 'metrics.json'}, "

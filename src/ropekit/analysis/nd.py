@@ -97,22 +97,31 @@ LINES = ("Δh axis", "Δw axis", "diagonal Δh = Δw", "anti-diagonal Δh = −�
 def kernel_along_lines(kmap: torch.Tensor, offsets: torch.Tensor, distance: int) -> dict[str, float]:
     """Kernel ``kmap`` (rows = Δh, columns = Δw, both ``offsets``) on four lines through the query.
 
-    The lines (:data:`LINES`) are compared at about the same Euclidean distance: the diagonals at the
-    cells ``(±d, ±d)`` (distance ``d√2``), the axes at ``(±a, 0)``, ``(0, ±a)`` with ``a = round(d√2)``.
-    Each line's value is the mean of its two cells on either side of the query, so a kernel that is not
-    symmetric about the query is still summarised by one number per line.
+    The lines (:data:`LINES`) are compared at the same Euclidean distance ``d√2``: the diagonals at the
+    cells ``(±d, ±d)``, the axes interpolated linearly between the two cells on either side of ``d√2``.
+    Each line's value is the mean of its two points on either side of the query, so a kernel that is
+    not symmetric about the query is still summarised by one number per line.
     """
     if kmap.ndim != 2 or kmap.shape[0] != kmap.shape[1] or kmap.shape[0] != offsets.numel():
         raise ValueError(f"kernel_along_lines: `kmap` must be (G, G) over `offsets` (G,), got "
                          f"{tuple(kmap.shape)} and {tuple(offsets.shape)}")
     index = {float(v): i for i, v in enumerate(offsets.tolist())}
     d = float(distance)
-    a = float(round(d * math.sqrt(2)))
-    if not all(v in index for v in (d, -d, a, -a, 0.0)):
-        raise ValueError(f"kernel_along_lines: offsets 0, ±{distance} and ±{a:g} must be on the grid")
+    t = d * math.sqrt(2)
+    lo, hi = float(math.floor(t)), float(math.ceil(t))
+    if not all(v in index for v in (d, -d, hi, -hi, 0.0)):
+        raise ValueError(f"kernel_along_lines: offsets 0, ±{distance} and ±{hi:g} must be on the grid")
 
     def at(dh: float, dw: float) -> float:
         return float(kmap[index[dh], index[dw]])
 
-    pairs = (((a, 0.0), (-a, 0.0)), ((0.0, a), (0.0, -a)), ((d, d), (-d, -d)), ((d, -d), (-d, d)))
-    return {name: 0.5 * (at(*p) + at(*q)) for name, (p, q) in zip(LINES, pairs)}
+    def on_axis(sign: float, axis: int) -> float:
+        cell = (lambda r: at(sign * r, 0.0)) if axis == 0 else (lambda r: at(0.0, sign * r))
+        return cell(lo) + (t - lo) * (cell(hi) - cell(lo))
+
+    return {
+        LINES[0]: 0.5 * (on_axis(1, 0) + on_axis(-1, 0)),
+        LINES[1]: 0.5 * (on_axis(1, 1) + on_axis(-1, 1)),
+        LINES[2]: 0.5 * (at(d, d) + at(-d, -d)),
+        LINES[3]: 0.5 * (at(d, -d) + at(-d, d)),
+    }

@@ -13,7 +13,7 @@ from ..analysis.relative import kernel_maps, relative_table
 HEAD_DIM = 96
 RADIUS = 15  # the kernel maps cover offsets −15 … 15 on both axes
 MOVE = (40.0, 40.0)  # a second query position with the same offsets around it
-PROBE = 5  # the caption reads the maps at (±5, ±5) on the diagonals and ±7 on the axes
+PROBE = 5  # the caption reads the maps 5√2 ≈ 7.1 tokens from the query (cells (±5, ±5) on the diagonals)
 QUERY_LINE = "diagonal Δh = Δw"  # the line from the grid origin through the query (r, r) and (r+40, r+40)
 
 
@@ -26,7 +26,7 @@ def kernel_sentences(lines: dict[str, dict[str, float]], moved_change: dict[str,
     "round" or "a cross" when the numbers say so), one on the line through the query for embeddings
     that depend on where the query is, and one on which maps are unchanged by the move.
     """
-    out, far = [], f"about {distance * 2 ** 0.5:.0f} tokens from the query"
+    out, far = [], f"{distance * 2 ** 0.5:.1f} tokens from the query"
     for name, v in lines.items():
         best, worst = max(v, key=v.get), min(v, key=v.get)
         top = " and ".join(line for line in LINES if v[best] - v[line] < 0.005)
