@@ -96,7 +96,7 @@ def _draw_diagonal_view(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
     p = diagonal_view(coords)
     for kind in kinds.unique().tolist():
         m = kinds == kind
-        ax.scatter(p[m, 0], p[m, 1], s=14, color=_KIND_COLOURS[kind], label=_KIND_NAMES[kind])
+        ax.scatter(p[m, 0], p[m, 1], s=14, color=_KIND_COLOURS[kind], label=_KIND_NAMES[kind], zorder=3 + (kind == 0))
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_xlabel("(h − w)/√2")
     ax.set_ylabel("(2t − h − w)/√6")
@@ -170,10 +170,10 @@ def plot_layout(layout: "Layout | str", design: str, path: "str | Path", **optio
         ax.grid(alpha=0.3)
         ax.set_title("positions in the (h, w) plane", fontsize=10)
     handles = _legend_handles(kinds, A)
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.94))
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.95))
     fig.suptitle(f"Layout '{lay}', design {get_design(design).name} ({A} ax{'es' if A > 1 else 'is'})",
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.84))
+    fig.tight_layout(rect=(0, 0, 1, 0.89))
     return _save(fig, path)
 
 
