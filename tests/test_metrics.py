@@ -129,6 +129,9 @@ def test_frame_bias_separates_within_frame_spread_from_decay_across_frames():
     got = frame_bias(lay, design, head_dim=16)
     assert got["within_frame"] == pytest.approx(within, abs=1e-9)
     assert got["across_frames"] == pytest.approx(max(means) - min(means), abs=1e-9)
+    # a 2×2 frame rotated by 180° lists its tokens in reverse order
+    flip = max(abs(k[i] - k[3 - i]) for k in frames for i in range(4))
+    assert got["flip_asymmetry"] == pytest.approx(flip, abs=1e-9)
     # shared gives every token of a frame one position: no bias within a frame, decay across frames
     shared = frame_bias("T2 V3x2x2 T3", "shared", head_dim=16)
     assert shared["within_frame"] == pytest.approx(0.0, abs=1e-12) and shared["across_frames"] > 0

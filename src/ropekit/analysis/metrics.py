@@ -145,13 +145,15 @@ def frame_bias(layout: "Layout | str", design: str, **kwargs) -> dict:
     kernel over the tokens of one frame, averaged over frames: VRoPE's "positional attention bias", an
     uneven focus on some regions of every frame. ``across_frames`` is the spread of the per-frame means:
     the decay from the frames nearest to the query to the farthest, which a text query also has over
-    earlier text and which the paper does not count as a spatial bias.
+    earlier text and which the paper does not count as a spatial bias. ``flip_asymmetry`` is the largest
+    change of the map when every frame is rotated by 180° (0 = symmetric within frames).
     """
     m = attention_bias_map(layout, design, **kwargs)
     per_frame = m.amax(dim=(1, 2)) - m.amin(dim=(1, 2))
     means = m.mean(dim=(1, 2))
     return {"within_frame": float(per_frame.mean()), "within_frame_per_frame": per_frame.tolist(),
-            "across_frames": float(means.max() - means.min()), "overall": float(m.max() - m.min())}
+            "across_frames": float(means.max() - means.min()), "overall": float(m.max() - m.min()),
+            "flip_asymmetry": float((m - m.flip(-1).flip(-2)).abs().max())}
 
 
 def boundary_continuity(

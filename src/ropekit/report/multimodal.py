@@ -163,14 +163,16 @@ def bias_section(out: Path, *, layout: "str | None" = None, designs: "Sequence[s
         return {"title": "Text → video attention bias and the video→text transition",
                 "html": f"<p>Not measured for layout {_code(lay)}: {html.escape(str(e))}.</p>", "metrics": {}}
     plot_bias_maps(lay, avail, out / "bias_maps.png", head_dim=HEAD_DIM)
-    rows = [[_code(d), f"{s['within_frame']:.3f}", f"{s['across_frames']:.3f}", f"{s['index_jump']:.2f}",
+    rows = [[_code(d), f"{s['within_frame']:.3f}", f"{s['flip_asymmetry']:.3f}", f"{s['across_frames']:.3f}",
+             f"{s['index_jump']:.2f}",
              f"{s['jump']:.2f}", f"{s['kernel_gap']:.3f}", f"{s['kernel_step']:.3f}"] for d, s in stats.items()]
     note = (f"<p class='note'>Layout {_code(lay)}, head_dim {HEAD_DIM}, each design with its own frequency "
             "allocation. The figure shows the <i>expected positional kernel</i> E[q·R(Δ)q] / E[q·q] (isotropic "
             "q = k: what attention sees of position alone) from the text tokens after the block to every "
             "token of it, one panel per frame (as in the VRoPE paper's fig. 3), on one colour scale for all "
             "rows. The table separates the two things that figure mixes: <i>within frame</i> = max − min of "
-            "the kernel over one frame, averaged over frames (the spatial bias VRoPE targets); <i>across "
+            "the kernel over one frame, averaged over frames (the spatial bias VRoPE targets); <i>flip asymmetry</i> "
+            "= largest change when each frame is rotated by 180° (VRoPE's symmetric coordinates aim at 0); <i>across "
             "frames</i> = spread of the per-frame means (distance decay from the query). Then the video→text "
             "boundary: <i>index jump</i> = largest, over axes, of the first text coordinate minus the block's "
             "largest coordinate (1 = seamless, the paper's notion); <i>gap / step</i> = Euclidean distance from "
@@ -181,7 +183,7 @@ def bias_section(out: Path, *, layout: "str | None" = None, designs: "Sequence[s
     return {
         "title": "Text → video attention bias and the video→text transition",
         "html": note + "<img src='bias_maps.png'>"
-        + _table(["design", "within frame", "across frames", "index jump", "gap / step", "kernel across gap",
+        + _table(["design", "within frame", "flip asymmetry", "across frames", "index jump", "gap / step", "kernel across gap",
                   "kernel across a text step"], rows) + said,
         "metrics": stats,
     }
