@@ -80,14 +80,16 @@ def plot_projections(
         for i, (v, name, colour) in enumerate(panels):
             ax = fig.add_subplot(1, 2, i + 1, projection="3d")
             ax.scatter(v[:, 0], v[:, 1], v[:, 2], s=8, color=colour, alpha=0.8)
-            ax.set_title(name, fontsize=10)
+            ax.set_title(f"{name}\n|mean direction| = {float(v.mean(0).norm()):.3f} (0 = balanced)", fontsize=10)
             ax.set_xlabel("$u_1$")
             ax.set_ylabel("$u_2$")
             ax.set_zlabel("$u_3$")
             for setter in (ax.set_xlim, ax.set_ylim, ax.set_zlim):
                 setter(-1, 1)
+            for ticks in (ax.set_xticks, ax.set_yticks, ax.set_zticks):
+                ticks([-1, 0, 1])
             ax.set_box_aspect((1, 1, 1))
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(title, fontsize=12, y=1.02)
     return _save(fig, save_path)
 
 
