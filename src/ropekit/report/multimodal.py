@@ -45,7 +45,7 @@ def designs_section(out: Path, *, layout: "str | None" = None, designs: "Sequenc
         plot_rings(layouts[0], three, out / "designs_3d.png")
         parts.insert(1, "<p class='note'>Left of each pair: the 3-axis positions in (t, h, w) space. Right: the "
                         "same points seen down the text diagonal (1, 1, 1), i.e. projected onto the plane "
-                        "orthogonal to it; text tokens collapse to the centre, and a design that puts an "
+                        "orthogonal to it; text tokens on the diagonal t = h = w land on the centre, and a design that puts an "
                         "image on a ring orthogonal to the diagonal (Circle-RoPE) shows a circle.</p>"
                         "<img src='designs_3d.png'>")
     rows = [[_code(n), html.escape(get_design(n).summary), get_design(n).allocation,
