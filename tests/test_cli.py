@@ -17,7 +17,7 @@ def test_report_writes_a_self_contained_page(tmp_path, capsys):
     for img in images:  # every figure is a PNG beside the page
         assert (tmp_path / img).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    ptd = metrics["multimodal.ptd_section"]["I3x3 T5"]
+    ptd = metrics["multimodal.ptd_section"]["whole"]["I3x3 T5"]
     for name in ropekit.designs():
         assert ptd[name] == pytest.approx(ropekit.layout_ptd("I3x3 T5", name))
     out = capsys.readouterr().out

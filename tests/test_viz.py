@@ -1,5 +1,4 @@
 """N-D paper figure views and the ``viz`` CLI: kernels against a brute-force float64 formula, PNG output."""
-import argparse
 import math
 
 import matplotlib.image as mpimg
@@ -7,21 +6,14 @@ import pytest
 import torch
 
 from ropekit.rotations.directional import directional_matrix, nd_directions
-from ropekit.viz import (
-    add_viz_parser,
-    grid_offsets,
-    max_angular_gap,
-    plot_kernel_maps,
-    plot_projections,
-    plot_sim2d,
-    plot_sim3d,
-    similarity_grid,
-)
+from ropekit.analysis.nd import grid_offsets, max_angular_gap, similarity_grid
+from ropekit.analysis.nd_figures import plot_kernel_maps, plot_projections, plot_sim2d, plot_sim3d
+from ropekit.cli import build_parser
 
 
-def _brute_kernel(W, dx, dy, dz=None):
+def _brute_kernel(W, d0, d1, d2=None):
     """Mean over frequency pairs of cos(Δ · W[:, j]) — the isotropic-q expectation — in Python floats."""
-    d = [dx, dy] + ([] if dz is None else [dz])
+    d = [d0, d1] + ([] if d2 is None else [d2])
     cols = W.tolist()
     half = len(cols[0])
     return sum(math.cos(sum(d[a] * cols[a][j] for a in range(len(d)))) for j in range(half)) / half
@@ -38,7 +30,8 @@ def test_similarity_grid_matches_brute_force_and_invariants():
     r = grid_offsets(7).tolist()
     for row in range(7):
         for col in range(7):
-            assert k[row, col].item() == pytest.approx(_brute_kernel(W, r[col], r[row]), abs=1e-12)
+            # rows are offsets along axis 0, columns along axis 1 (the one convention of every kernel map)
+            assert k[row, col].item() == pytest.approx(_brute_kernel(W, r[row], r[col]), abs=1e-12)
     assert k[3, 3].item() == pytest.approx(1.0, abs=1e-15)  # the centre token vs itself
     torch.testing.assert_close(k, k.flip(0).flip(1))  # k(−Δ) = k(Δ)
     assert (k <= 1 + 1e-12).all()
@@ -47,7 +40,7 @@ def test_similarity_grid_matches_brute_force_and_invariants():
 def test_similarity_grid_extra_axis_and_per_head_average():
     W3 = directional_matrix(12, 3, "ggr", dtype=torch.float64)
     k = similarity_grid(W3, 3, extra=(2.5,))
-    assert k[0, 2].item() == pytest.approx(_brute_kernel(W3, 1, -1, 2.5), abs=1e-12)
+    assert k[0, 2].item() == pytest.approx(_brute_kernel(W3, -1, 1, 2.5), abs=1e-12)
     heads = torch.stack([directional_matrix(8, 2, "sobol", seed=s, dtype=torch.float64) for s in (0, 1)])
     torch.testing.assert_close(similarity_grid(heads, 5),
                                (similarity_grid(heads[0], 5) + similarity_grid(heads[1], 5)) / 2)
@@ -88,9 +81,7 @@ def test_figures_are_written(tmp_path):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="ropekit")
-    add_viz_parser(p.add_subparsers(dest="command", required=True))
-    return p
+    return build_parser()
 
 
 def test_cli_sub_commands(tmp_path, capsys):

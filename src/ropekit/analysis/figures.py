@@ -1,4 +1,4 @@
-"""Figures of position designs: coordinates per token and text→video attention-bias maps."""
+"""Figures of position designs: coordinates per token, position space, text→video kernel maps."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,85 +8,192 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 import torch  # noqa: E402
 
 from ..designs.registry import get_design, positions  # noqa: E402
 from ..layout import Layout  # noqa: E402
 from .metrics import attention_bias_map  # noqa: E402
 
-__all__ = ["plot_coordinates", "plot_rings", "plot_bias_maps"]
+__all__ = ["plot_coordinates", "plot_rings", "plot_bias_maps", "plot_layout", "diagonal_view"]
 
 _KIND_COLOURS = {0: "#e0a100", 1: "#2a9d4b", 2: "#2a6fdb", 3: "#8a4fd0"}
 _KIND_NAMES = {0: "text", 1: "image", 2: "video", 3: "grid"}
 
 
-def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str | Path") -> Path:
-    """One panel per design: every coordinate axis against token index, coloured by modality."""
+_AXIS_MARKERS = "os^vD<>p"
+
+
+def _axis_names(num_axes: int) -> list[str]:
+    return {1: ["index"], 2: ["h", "w"], 3: ["t", "h", "w"]}.get(num_axes, [f"axis {a}" for a in range(num_axes)])
+
+
+def _draw_coordinates(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
+    """Every coordinate axis against token index: colour = modality, marker shape = axis."""
+    idx = torch.arange(coords.shape[0])
+    for a in range(coords.shape[1]):
+        for kind in kinds.unique().tolist():
+            m = kinds == kind
+            ax.scatter(idx[m], coords[m, a], s=9, marker=_AXIS_MARKERS[a % len(_AXIS_MARKERS)],
+                       color=_KIND_COLOURS[kind], alpha=0.75)
+    ax.set_xlabel("token index")
+    ax.set_ylabel("coordinate")
+    ax.grid(alpha=0.3)
+
+
+def _legend_handles(kinds: torch.Tensor, max_axes: int) -> list:
+    """Colour patches for the modalities, then grey marker shapes for the axes ``0 … max_axes-1``."""
+    colour = [Patch(color=_KIND_COLOURS[k], label=_KIND_NAMES[k]) for k in kinds.unique().tolist()]
+    names = _axis_names(max_axes) if max_axes <= 3 else [f"axis {a}" for a in range(max_axes)]
+    shape = [plt.Line2D([], [], marker=_AXIS_MARKERS[a % len(_AXIS_MARKERS)], ls="", color="#555",
+                        label=f"axis {a}" + (f" ({names[a]})" if names[a] != f"axis {a}" else ""))
+             for a in range(max_axes)]
+    return colour + shape
+
+
+def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str | Path", **options) -> Path:
+    """One panel per design: every coordinate axis against token index, coloured by modality.
+
+    Marker shapes tell the axes apart (axis 0 = circle, axis 1 = square, ...); the legend lists both.
+    ``options`` are passed to every design.
+    """
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
     n = len(designs)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    idx = torch.arange(lay.num_tokens)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows + 0.6), squeeze=False)
+    max_axes = 1
     for ax, name in zip(axes.flat, designs):
-        c = positions(lay, name)
-        markers = "os^vD<>p"
-        for a in range(c.shape[1]):
-            for kind in kinds.unique().tolist():
-                m = kinds == kind
-                ax.scatter(idx[m], c[m, a], s=9, marker=markers[a % len(markers)], color=_KIND_COLOURS[kind],
-                           alpha=0.75, label=f"axis {a}" if kind == kinds[0].item() else None)
+        c = positions(lay, name, **options)
+        max_axes = max(max_axes, c.shape[1])
+        _draw_coordinates(ax, c, kinds)
         ax.set_title(f"{name}  ({c.shape[1]} ax{'es' if c.shape[1] > 1 else 'is'})", fontsize=10)
-        ax.set_xlabel("token index")
-        ax.set_ylabel("coordinate")
-        ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], marker="o", ls="", color=_KIND_COLOURS[k], label=_KIND_NAMES[k])
-               for k in kinds.unique().tolist()]
-    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=9)
-    fig.suptitle(f"Coordinates of every token for layout '{lay}' (marker shape = axis)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    handles = _legend_handles(kinds, max_axes)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.97),
+               title="colour = modality, marker shape = coordinate axis", title_fontsize=9)
+    fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=11, y=1.0)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     return _save(fig, path)
 
 
+def diagonal_view(coords: torch.Tensor) -> torch.Tensor:
+    """Project 3-axis positions ``(L, 3)`` onto the plane orthogonal to the text diagonal (1, 1, 1): ``(L, 2)``.
+
+    The plane's basis is ``e1 = (0, 1, -1)/√2`` (h − w) and ``e2 = (2, -1, -1)/√6`` (t against h and w),
+    orthonormal and both orthogonal to (1, 1, 1); text tokens on the diagonal all land on the origin.
+    """
+    if coords.ndim != 2 or coords.shape[1] != 3:
+        raise ValueError(f"diagonal_view needs 3-axis positions (L, 3), got shape {tuple(coords.shape)}")
+    basis = torch.tensor([[0.0, 1.0, -1.0], [2.0, -1.0, -1.0]], dtype=torch.float64)
+    basis = basis / basis.norm(dim=1, keepdim=True)
+    return coords.to(torch.float64) @ basis.T
+
+
+def _draw_diagonal_view(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
+    p = diagonal_view(coords)
+    for kind in kinds.unique().tolist():
+        m = kinds == kind
+        ax.scatter(p[m, 0], p[m, 1], s=14, color=_KIND_COLOURS[kind], label=_KIND_NAMES[kind], zorder=3 + (kind == 0))
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel("(h − w)/√2")
+    ax.set_ylabel("(2t − h − w)/√6")
+    ax.grid(alpha=0.3)
+
+
+def _draw_3d(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
+    for kind in kinds.unique().tolist():
+        m = kinds == kind
+        ax.scatter(coords[m, 2], coords[m, 1], coords[m, 0], s=12, color=_KIND_COLOURS[kind], label=_KIND_NAMES[kind])
+    lo, hi = float(coords.min()), float(coords.max())
+    ax.plot([lo, hi], [lo, hi], [lo, hi], color="#999", lw=0.8, ls="--")
+    ax.set_xlabel("w")
+    ax.set_ylabel("h")
+    ax.set_zlabel("t")
+
+
 def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path") -> Path:
-    """3-D scatter of 3-axis designs (t, h, w): Circle-RoPE's ring orthogonal to the text diagonal."""
+    """3-axis designs (t, h, w): a 3-D scatter and, beside it, the view down the text diagonal.
+
+    In the diagonal view (:func:`diagonal_view`) text collapses to the origin and Circle-RoPE's ring,
+    which lies in a plane orthogonal to the diagonal, is drawn as the circle it is.
+    """
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
     three = [d for d in designs if positions(lay, d).shape[1] == 3]
     if not three:
         raise ValueError("plot_rings: none of `designs` has 3 axes (t, h, w); try 'mrope' or 'circle'")
-    fig = plt.figure(figsize=(4.4 * max(1, len(three)), 4.2))
+    n = len(three)
+    fig = plt.figure(figsize=(4.6 * n, 8.8))
     for i, name in enumerate(three):
         c = positions(lay, name)
-        ax = fig.add_subplot(1, len(three), i + 1, projection="3d")
+        ax = fig.add_subplot(2, n, i + 1, projection="3d")
+        _draw_3d(ax, c, kinds)
+        ax.set_title(f"{name}: (t, h, w)", fontsize=10)
+        ax2 = fig.add_subplot(2, n, n + i + 1)
+        _draw_diagonal_view(ax2, c, kinds)
+        ax2.set_title(f"{name}: seen down the text diagonal (1, 1, 1)", fontsize=10)
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
+    fig.suptitle(f"3-axis designs in position space, layout '{lay}' (dashed: the text diagonal t = h = w)",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return _save(fig, path)
+
+
+def plot_layout(layout: "Layout | str", design: str, path: "str | Path", **options) -> Path:
+    """A user's layout under one design: coordinates per token and the positions in position space.
+
+    Right panel: 2 axes → (h, w) scatter; 3 axes → the view down the text diagonal; otherwise omitted.
+    """
+    lay = Layout.coerce(layout)
+    kinds = lay.token_types()
+    c = positions(lay, design, **options)
+    A = c.shape[1]
+    second = A in (2, 3)
+    fig, axes = plt.subplots(1, 2 if second else 1, figsize=(11 if second else 6.5, 4.6), squeeze=False)
+    _draw_coordinates(axes[0, 0], c, kinds)
+    axes[0, 0].set_title("coordinates per token", fontsize=10)
+    if A == 3:
+        _draw_diagonal_view(axes[0, 1], c, kinds)
+        axes[0, 1].set_title("positions seen down the text diagonal (1, 1, 1)", fontsize=10)
+    elif A == 2:
+        ax = axes[0, 1]
         for kind in kinds.unique().tolist():
             m = kinds == kind
-            ax.scatter(c[m, 2], c[m, 1], c[m, 0], s=12, color=_KIND_COLOURS[kind], label=_KIND_NAMES[kind])
-        lo, hi = float(c.min()), float(c.max())
-        ax.plot([lo, hi], [lo, hi], [lo, hi], color="#999", lw=0.8, ls="--")
-        ax.set_xlabel("w")
-        ax.set_ylabel("h")
-        ax.set_zlabel("t")
-        ax.set_title(name, fontsize=10)
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
-    fig.suptitle(f"3-axis designs in position space, layout '{lay}' (dashed: text diagonal)", fontsize=11)
+            ax.scatter(c[m, 1], c[m, 0], s=14, color=_KIND_COLOURS[kind])
+        ax.invert_yaxis()  # h downward, as in an image
+        ax.set_xlabel("w (axis 1)")
+        ax.set_ylabel("h (axis 0, down)")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.grid(alpha=0.3)
+        ax.set_title("positions in the (h, w) plane", fontsize=10)
+    handles = _legend_handles(kinds, A)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.95))
+    fig.suptitle(f"Layout '{lay}', design {get_design(design).name} ({A} ax{'es' if A > 1 else 'is'})",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.89))
     return _save(fig, path)
 
 
 def plot_bias_maps(
     layout: "Layout | str", designs: Sequence[str], path: "str | Path", *, head_dim: int = 128,
     base: float = 10000.0,
-) -> tuple[Path, dict]:
-    """Rows = designs, columns = frames: expected kernel from the text after the video (VRoPE fig. 3)."""
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Rows = designs, columns = frames: the expected positional kernel from the text after the video to
+    each video token (cf. VRoPE fig. 3), all rows on one colour scale. Returns the path and the maps.
+
+    Each frame is drawn as an image: rows = h (downward), columns = w.
+    """
     lay = Layout.coerce(layout)
     maps = {d: attention_bias_map(lay, d, head_dim=head_dim, base=base) for d in designs}
+    vmin = min(float(m.min()) for m in maps.values())
+    vmax = max(float(m.max()) for m in maps.values())
     T = next(iter(maps.values())).shape[0]
-    fig, axes = plt.subplots(len(designs), T, figsize=(1.9 * T + 1.2, 1.9 * len(designs)), squeeze=False)
+    fig, axes = plt.subplots(len(designs), T, figsize=(1.9 * T + 2.4, 1.9 * len(designs) + 0.4), squeeze=False)
     for r, (name, m) in enumerate(maps.items()):
-        vmin, vmax = float(m.min()), float(m.max())
+        within = float((m.amax(dim=(1, 2)) - m.amin(dim=(1, 2))).mean())
         for f in range(T):
             ax = axes[r, f]
             im = ax.imshow(m[f].numpy(), cmap="viridis", vmin=vmin, vmax=vmax)
@@ -94,20 +201,30 @@ def plot_bias_maps(
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(f"frame {f}", fontsize=9)
+            if r == len(designs) - 1:
+                ax.set_xlabel("w →", fontsize=8)
             if f == 0:
-                ax.set_ylabel(f"{name}\n({get_design(name).allocation})", fontsize=9)
-        fig.colorbar(im, ax=axes[r, :].tolist(), fraction=0.02, pad=0.01)
-    fig.suptitle(f"Expected attention from text after the video to each video token ('{lay}', "
-                 f"head_dim {head_dim}); lighter = more", fontsize=10, y=1.01 + 0.03 / len(designs))
-    stats = {d: {"min": float(m.min()), "max": float(m.max()),
-                 "spread": float(m.max() - m.min()),
-                 "flip_asymmetry": float((m - m.flip(-1).flip(-2)).abs().max())} for d, m in maps.items()}
-    return _save(fig, path), stats
+                ax.set_ylabel(f"{name} ({get_design(name).allocation})\nwithin-frame spread {within:.3f}\n↓ h",
+                              fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.025, pad=0.02,
+                 label="expected positional kernel  E[q·R(Δ)q] / E[q·q]")
+    fig.suptitle(f"Expected positional kernel from the text after the video to each video token\n"
+                 f"layout '{lay}', head_dim {head_dim}; one colour scale for all rows; lighter = higher",
+                 fontsize=10, y=1.0 + 0.15 / len(designs))
+    return _save(fig, path), maps
 
 
 def _save(fig, path: "str | Path") -> Path:
+    """Write ``fig`` to ``path`` (``.png`` added when it has no suffix) and return the path written."""
     p = Path(path)
+    if p.is_dir() or str(path).endswith(("/", "\\")):
+        plt.close(fig)
+        raise ValueError(f"`save_path` {str(path)!r} is a directory; give a file name, e.g. {str(p / 'figure.png')!r}")
+    if not p.suffix:
+        p = p.with_suffix(".png")  # what matplotlib would write; report that name, not the one given
     p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return p

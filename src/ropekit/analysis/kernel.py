@@ -1,4 +1,4 @@
-"""Expected positional kernels (SPEC §5): what attention sees of position alone.
+"""Expected positional kernels: what attention sees of position alone.
 
 For q = k drawn isotropically, ``E[q · R(Δ) q] / E[q · q]`` equals the mean over rotated planes of
 ``cos(angle difference)`` (each 2×2 plane contributes ``cos φ_j``; pass-through channels contribute 1).

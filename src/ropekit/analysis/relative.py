@@ -1,4 +1,4 @@
-"""Relative-position error of every rotary family (SPEC §5) and GeoPE's expected kernel.
+"""Relative-position error of every rotary family and GeoPE's expected kernel.
 
 A rotary embedding is *exactly relative* when the score ``⟨R_m q, R_n k⟩`` depends on the positions only
 through ``n − m``. :func:`relative_error` measures ``max |s(q, k, m, n) − s(q, k, m + δ, n + δ)|`` over
@@ -18,6 +18,7 @@ from ..apply.linear_geope import linear_geope_scores
 from ..apply.planar import apply_rotary, cos_sin
 from ..rotations.geope import geope_frequencies, geope_rotation, rotation_vectors
 from ..rotations.planar import angles, frequency_matrix
+from .kernel import expected_kernel
 
 __all__ = [
     "ScoreFn",
@@ -28,6 +29,7 @@ __all__ = [
     "score_scale",
     "relative_table",
     "geope_expected_kernel",
+    "kernel_maps",
 ]
 
 # score(q (N, D), k (N, D), pos_q (N, A), pos_k (N, A)) -> scores of the N pairs, shape (..., N)
@@ -107,7 +109,7 @@ def relative_error(
     integer_positions: bool = True,
     seed: int = 0,
 ) -> float:
-    """``max |⟨R_m q, R_n k⟩ − ⟨R_{m+δ} q, R_{n+δ} k⟩|`` over random pairs (SPEC §5).
+    """``max |⟨R_m q, R_n k⟩ − ⟨R_{m+δ} q, R_{n+δ} k⟩|`` over random pairs.
 
     q, k have standard normal entries (scores of order ``√head_dim``); positions are drawn in
     ``[0, max_position]`` per axis and shifts δ in ``[−max_shift, max_shift]`` (integers by default, so
@@ -221,3 +223,23 @@ def geope_expected_kernel(
         w = wm * wn + (vm * vn).sum(-1)  # scalar part of r_m* r_n
     n = f.numel()
     return ((4 * w * w - 1).sum(-1) + (head_dim - 3 * n)) / head_dim
+
+
+def kernel_maps(head_dim: int = 96, radius: int = 15, move: tuple[float, float] = (40.0, 40.0)) -> dict:
+    """Expected kernels (isotropic q) from a query to a ``(2r+1)²`` grid of offsets around it.
+
+    Returns ``{name: (at_origin, moved)}`` for axial RoPE (base 100), GeoPE and Linear GeoPE (λ = 100):
+    the query at ``(r, r)`` of a grid starting at 0, and the same offsets with the query moved by
+    ``move``. Entry ``[i, j]`` is the offset ``(Δh, Δw) = (i − r, j − r)`` (rows = axis 0). A relative
+    embedding gives identical maps.
+    """
+    off = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(off, off, indexing="ij"), -1)  # (2r+1, 2r+1, 2) offsets (h, w)
+    centre = torch.tensor([float(radius), float(radius)], dtype=torch.float64)
+    moved = centre + torch.tensor(move, dtype=torch.float64)
+    W = frequency_matrix("axial", head_dim, 2, base=100.0)
+    axial = expected_kernel(grid, W)
+    out = {"axial RoPE (base 100)": (axial, axial)}  # depends on the offset only, by construction
+    for name, linear in (("GeoPE", False), ("Linear GeoPE", True)):
+        out[name] = tuple(geope_expected_kernel(c, c + grid, head_dim, linear=linear) for c in (centre, moved))
+    return out

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-# (module, function) pairs; each returns {"title": str, "html": str, "metrics": dict}
+# (module, function) pairs; each is called as fn(out_dir, layout=..., designs=...) (None = the defaults)
+# and returns {"title": str, "html": str, "metrics": dict}
 SECTIONS: list[tuple[str, str]] = [
     ("ropekit.report.multimodal", "designs_section"),
     ("ropekit.report.multimodal", "ptd_section"),
@@ -41,8 +42,14 @@ def _load(module: str, func: str) -> Callable:
     return getattr(importlib.import_module(module), func)
 
 
-def build_report(out_dir: "str | Path" = "report", *, progress: bool = True) -> dict:
-    """Write ``out_dir/index.html`` and ``out_dir/metrics.json``; return the metrics dict."""
+def build_report(out_dir: "str | Path" = "report", *, progress: bool = True, layout: "str | None" = None,
+                 designs: "list[str] | None" = None) -> dict:
+    """Write ``out_dir/index.html`` and ``out_dir/metrics.json``; return the metrics dict.
+
+    ``layout`` (a layout string) replaces the default layouts of the multimodal sections and
+    ``designs`` (registered names) restricts them to those designs; the N-D and relative-position
+    sections do not depend on either.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -50,7 +57,7 @@ def build_report(out_dir: "str | Path" = "report", *, progress: bool = True) -> 
     for i, (mod, fn) in enumerate(SECTIONS):
         if progress:
             _progress(i, len(SECTIONS), f"{mod.rsplit('.', 1)[-1]}.{fn}", t0)
-        sec = _load(mod, fn)(out)
+        sec = _load(mod, fn)(out, layout=layout, designs=designs)
         key = f"{mod.rsplit('.', 1)[-1]}.{fn}".replace(".section", "")
         metrics[key] = sec.get("metrics", {})
         parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")

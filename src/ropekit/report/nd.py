@@ -12,7 +12,8 @@ from ..analysis.kernel import expected_kernel
 from ..rotations.directional import METHODS, directional_matrix, nd_directions
 from ..rotations.mixed import mixed_init
 from ..rotations.planar import frequency_matrix
-from ..viz import max_angular_gap, plot_kernel_maps, plot_projections
+from ..analysis.nd import max_angular_gap
+from ..analysis.nd_figures import COL_LABEL, ROW_LABEL, plot_kernel_maps, plot_projections
 from ._html import table as _table  # noqa: E402
 
 ROTARY_DIM = 64  # a typical ViT head
@@ -35,6 +36,20 @@ def _ring_stats(W: torch.Tensor, radius: float, points: int = 720) -> dict[str, 
     return {"mean": float(k.mean()), "anisotropy": float(k.max() - k.min()), "axis_bias": float(axes - diagonals)}
 
 
+def ring_sentences(kernel: dict[str, dict[str, dict[str, float]]], radius: float,
+                   cross_at: float = 0.1) -> list[str]:
+    """One sentence per family from its ring statistics at ``radius``: a cross or not, and how uneven."""
+    out = []
+    for name, rings in kernel.items():
+        v = rings[f"r={radius:g}"]
+        shape = (f"a cross (axis bias {v['axis_bias']:+.3f}): keys in the query's row or column stay more "
+                 "similar than keys on the diagonals" if v["axis_bias"] > cross_at
+                 else f"no cross (axis bias {v['axis_bias']:+.3f})")
+        out.append(f"{name}: at distance {radius:g}, {shape}; the kernel varies by {v['anisotropy']:.3f} "
+                   f"around the ring (mean {v['mean']:.3f}).")
+    return out
+
+
 def _families() -> dict[str, torch.Tensor]:
     return {
         "axial (base 100)": frequency_matrix("axial", ROTARY_DIM, 2, base=100.0),
@@ -44,7 +59,7 @@ def _families() -> dict[str, torch.Tensor]:
     }
 
 
-def section(out_dir: Path) -> dict:
+def section(out_dir: Path, **_) -> dict:
     """Direction figures and gap table, kernel maps and ring statistics; writes three PNGs."""
     out = Path(out_dir)
     plot_projections(2, NUM_DIRECTIONS, "sobol", out / "nd_directions_2d.png", seed=0)
@@ -73,13 +88,12 @@ def section(out_dir: Path) -> dict:
         f"give about ln N + 0.58 ≈ {math.log(NUM_DIRECTIONS) + 0.58:.1f}). <i>|mean|</i>: length of the mean of 256 3-D directions (0 = balanced).</p>"
     )
     note_ker = (
-        "<p class='note'>Expected kernel E[q·R(Δ)q]/E[q·q] for isotropic q. Per cell, over a ring of offsets "
-        "of radius r: mean / anisotropy (max − min) / axis bias (mean on the axes minus mean on the "
-        "diagonals). Axial RoPE rotates each pair along one axis only, so its kernel is a cross: tokens on "
-        "the same row or column stay similar (positive axis bias). Mixed and directional frequencies point "
-        "in many directions and have no such cross, but with only R/2 = 32 directions the kernel ripples, "
-        "which the anisotropy column shows. Base 100 and θ = 10 are rope-vit's defaults; base 10000 is the "
-        "N-D paper's (a slower-decaying kernel).</p>"
+        "<p class='note'>Expected kernel E[q·R(Δ)q]/E[q·q] for isotropic q, from the centre token; rows = "
+        f"{ROW_LABEL}, columns = {COL_LABEL}, as in every kernel map of this report. Per cell of the table, "
+        "over a ring of offsets of radius r: mean / anisotropy (max − min) / axis bias (mean on the axes "
+        "minus mean on the diagonals; above 0.1 the kernel is a cross, tokens in the same row or column "
+        "staying similar). Base 100 and θ = 10 are rope-vit's defaults; base 10000 is the N-D paper's.</p>"
+        + "<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in ring_sentences(kernel, RADII[-1])) + "</ul>"
     )
     body = (
         note_dir + "<img src='nd_directions_2d.png'><img src='nd_directions_3d.png'>"

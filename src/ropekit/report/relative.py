@@ -4,67 +4,77 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from ..analysis.kernel import expected_kernel  # noqa: E402
-from ..analysis.relative import geope_expected_kernel, relative_table  # noqa: E402
-from ..rotations.planar import frequency_matrix  # noqa: E402
+from ..analysis.nd import LINES, kernel_along_lines
+from ..analysis.nd_figures import COL_LABEL, ROW_LABEL, plot_relative_kernels
+from ..analysis.relative import kernel_maps, relative_table
 
 HEAD_DIM = 96
 RADIUS = 15  # the kernel maps cover offsets −15 … 15 on both axes
 MOVE = (40.0, 40.0)  # a second query position with the same offsets around it
+PROBE = 5  # the caption reads the maps 5√2 ≈ 7.1 tokens from the query (cells (±5, ±5) on the diagonals)
+QUERY_LINE = "diagonal Δh = Δw"  # the line from the grid origin through the query (r, r) and (r+40, r+40)
 
 
-def kernel_maps(head_dim: int = HEAD_DIM, radius: int = RADIUS, move: tuple[float, float] = MOVE) -> dict:
-    """Expected kernels (isotropic q) from a query to a ``(2r+1)²`` grid of offsets around it.
+def kernel_sentences(lines: dict[str, dict[str, float]], moved_change: dict[str, float], distance: int,
+                     query_line: str = QUERY_LINE) -> list[str]:
+    """Caption sentences for the kernel maps, written from the measured values only.
 
-    Returns ``{name: (at_origin, moved)}``: the query at (r, r) of a grid starting at 0, and the same
-    offsets with the query moved by ``move``. A relative embedding gives identical maps.
+    ``lines[name]`` is :func:`kernel_along_lines` of a map at ``distance``; ``moved_change[name]`` the
+    largest change of the map when the query moves. One sentence per map (highest and lowest line, and
+    "round" or "a cross" when the numbers say so), one on the line through the query for embeddings
+    that depend on where the query is, and one on which maps are unchanged by the move.
     """
-    off = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    grid = torch.stack(torch.meshgrid(off, off, indexing="ij"), -1)  # (2r+1, 2r+1, 2) offsets (h, w)
-    centre = torch.tensor([float(radius), float(radius)], dtype=torch.float64)
-    moved = centre + torch.tensor(move, dtype=torch.float64)
-    W = frequency_matrix("axial", head_dim, 2, base=100.0)
-    axial = expected_kernel(grid, W)
-    out = {"axial RoPE (base 100)": (axial, axial)}  # depends on the offset only, by construction
-    for name, linear in (("GeoPE", False), ("Linear GeoPE", True)):
-        out[name] = tuple(geope_expected_kernel(c, c + grid, head_dim, linear=linear) for c in (centre, moved))
+    out, far = [], f"{distance * 2 ** 0.5:.1f} tokens from the query"
+    for name, v in lines.items():
+        best, worst = max(v, key=v.get), min(v, key=v.get)
+        top = " and ".join(line for line in LINES if v[best] - v[line] < 0.005)
+        bottom = " and ".join(line for line in LINES if v[line] - v[worst] < 0.005)
+        if v[best] - v[worst] < 0.02:
+            out.append(f"{name}: {far} the kernel is about the same on every line ({v[worst]:.2f}–{v[best]:.2f}), "
+                       "a round map.")
+            continue
+        sent = f"{name}: {far} the kernel is highest along the {top} ({v[best]:.2f}) and lowest along the {bottom} " \
+               f"({v[worst]:.2f})"
+        axes, diagonals = (v[LINES[0]], v[LINES[1]]), (v[LINES[2]], v[LINES[3]])
+        if min(axes) > max(diagonals) + 0.02:
+            sent += "; a cross: keys in the query's row or column stay more similar than keys on the diagonals"
+        out.append(sent + ".")
+        if moved_change.get(name, 0.0) > 1e-6 and query_line in v:
+            across = next(line for line in LINES[2:] if line != query_line)
+            more = ("across that line more similar than keys along it" if v[across] > v[query_line]
+                    else "along that line more similar than keys across it")
+            out.append(f"{name} depends on where the query is: on the line from the grid origin through the "
+                       f"query ({query_line}) the kernel is {v[query_line]:.2f}, on the line across it "
+                       f"({across}) {v[across]:.2f}, so {name} keeps keys {more}.")
+    fixed = [n for n, c in moved_change.items() if c <= 1e-6]
+    moving = [f"{n} (up to {c:.3f})" for n, c in moved_change.items() if c > 1e-6]
+    if moving:
+        out.append("Moving the query with the offsets kept changes the map of " + ", ".join(moving)
+                   + (f"; {', '.join(fixed)} do not change (exactly relative)." if fixed else "."))
     return out
 
 
-def _figure(maps: dict, path: Path) -> None:
-    panels = [(f"{n}", m[0]) for n, m in maps.items()] + [("GeoPE, query moved by (+40, +40)", maps["GeoPE"][1])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.8))
-    fig.subplots_adjust(wspace=0.35)
-    r = (panels[0][1].shape[0] - 1) // 2
-    for ax, (title, m) in zip(axes, panels):
-        im = ax.imshow(m.numpy(), cmap="viridis", vmin=0.2, vmax=1.0, extent=(-r - 0.5, r + 0.5, r + 0.5, -r - 0.5))
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("Δw")
-        ax.set_ylabel("Δh")
-    fig.colorbar(im, ax=axes, shrink=0.8, label="expected kernel")
-    fig.suptitle(f"Expected kernel from a query to offsets around it (head_dim {HEAD_DIM}, λ = 100)", fontsize=10)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-
-
-def section(out_dir: Path) -> dict:
+def section(out_dir: Path, **_) -> dict:
     """Relative-position error table for every family plus GeoPE vs axial kernel maps."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = relative_table(HEAD_DIM, num_trials=128)
-    maps = kernel_maps()
-    _figure(maps, out_dir / "relative_kernels.png")
+    maps = kernel_maps(HEAD_DIM, RADIUS, MOVE)
+    offsets = torch.arange(-RADIUS, RADIUS + 1, dtype=torch.float64)
+    panels = {n: m[0] for n, m in maps.items()}
+    panels[f"GeoPE, query moved by (+{MOVE[0]:g}, +{MOVE[1]:g})"] = maps["GeoPE"][1]
+    plot_relative_kernels(panels, offsets, out_dir / "relative_kernels.png",
+                          title=f"Expected kernel from a query at ({RADIUS}, {RADIUS}) to offsets around it "
+                                f"(head_dim {HEAD_DIM}, λ = 100)")
+    lines = {n: kernel_along_lines(m, offsets, PROBE) for n, m in panels.items()}
+    moved = {n: float((a - b).abs().max()) for n, (a, b) in maps.items()}
     kern = {
         name: {
             "min": float(a.min()),
             "max_off_centre": float(a[torch.arange(a.numel()).reshape(a.shape) != a.numel() // 2].max()),
-            "change_when_moved": float((a - b).abs().max()),
+            "change_when_moved": moved[name],
         }
         for name, (a, b) in maps.items()
     }
@@ -79,7 +89,7 @@ def section(out_dir: Path) -> dict:
         f"<td>{v['change_when_moved']:.2e}</td></tr>" for n, v in kern.items()
     )
     note = (
-        "<p class='note'>Relative-position error (SPEC §5): max over 128 random q, k (standard normal, "
+        "<p class='note'>Relative-position error: max over 128 random q, k (standard normal, "
         f"head_dim {HEAD_DIM}), integer positions in [0, 32] and shifts in [−32, 32] of "
         "|⟨R<sub>m</sub>q, R<sub>n</sub>k⟩ − ⟨R<sub>m+δ</sub>q, R<sub>n+δ</sub>k⟩|, in float32. "
         "'ratio' divides by the RMS score; below 1e-4 it is float rounding. Planar families and Linear GeoPE "
@@ -88,10 +98,11 @@ def section(out_dir: Path) -> dict:
     )
     knote = (
         "<p class='note'>Expected kernel for isotropic q: per GeoPE triple (1 + 2 cos Θ<sub>rel</sub>)/3, "
-        "Θ<sub>rel</sub> the angle of R<sub>m</sub><sup>T</sup>R<sub>n</sub>; per planar pair cos φ. Axial RoPE "
-        "gives a cross (each axis separately); Linear GeoPE depends on the distance only (a round map); GeoPE "
-        "keeps keys on the line from the grid origin through the query similar (their rotations share an "
-        "axis and commute), so its map depends on where the query is.</p>"
+        "Θ<sub>rel</sub> the angle of R<sub>m</sub><sup>T</sup>R<sub>n</sub>; per planar pair cos φ. The query "
+        f"sits at position (h, w) = ({RADIUS}, {RADIUS}) of a grid starting at 0 (last panel: moved by "
+        f"(+{MOVE[0]:g}, +{MOVE[1]:g})). Axes as in every kernel map of this report: rows = {ROW_LABEL}, "
+        f"columns = {COL_LABEL}. Read from the maps:</p><ul>"
+        + "".join(f"<li>{html.escape(t)}</li>" for t in kernel_sentences(lines, moved, PROBE)) + "</ul>"
     )
     html_out = (
         note + f"<table><tr>{head}</tr>{body}</table>" + knote + "<img src='relative_kernels.png'>"
@@ -101,5 +112,6 @@ def section(out_dir: Path) -> dict:
     return {
         "title": "Relative position: which embeddings depend on n − m only",
         "html": html_out,
-        "metrics": {"relative_error": rows, "kernel": kern, "head_dim": HEAD_DIM},
+        "metrics": {"relative_error": rows, "kernel": kern, "kernel_along_lines": lines, "probe_distance": PROBE,
+                    "head_dim": HEAD_DIM},
     }
