@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import torch
 
-from .planar import _check_dim
+from .planar import _check_dim, check_base
 
 __all__ = ["METHODS", "nd_directions", "directional_matrix", "primes", "sqrt_convergent"]
 
@@ -38,6 +38,11 @@ def _check_count(value: int, name: str) -> int:
     if value < 1:
         raise ValueError(f"`{name}` must be >= 1, got {value}")
     return value
+
+
+def _check_seed(seed) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"`seed` must be an int or None, got {seed!r}")
 
 
 def primes(count: int) -> list[int]:
@@ -171,6 +176,7 @@ def nd_directions(
     _check_count(num, "num")
     _check_count(dims, "dims")
     _check_method(method)
+    _check_seed(seed)
     if isinstance(cf_terms, bool) or not isinstance(cf_terms, int) or cf_terms < 1:
         raise ValueError(f"`cf_terms` must be an int >= 1, got {cf_terms!r}")
     if not (isinstance(error, (int, float)) and math.isfinite(error) and error > 0):
@@ -206,15 +212,16 @@ def directional_matrix(
     error: float = 1e-4,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Frequency matrix ``W (dims, rotary_dim/2)`` with ``W[:, j] = ω_j u_j`` (SPEC §4).
+    """Frequency matrix ``W (dims, rotary_dim/2)`` with ``W[:, j] = ω_j u_j``; ``dtype`` a floating dtype.
 
     Magnitudes are the standard RoPE spectrum ``ω_j = base^{-2j/R}``, j = 0 … R/2-1 (the N-D paper's
     ``base_thetas``, base 10000); directions ``u_j`` are ``nd_directions(R/2, dims, method, …)``, the
     j-th direction for the j-th pair. Use with ``ropekit.angles(coords, W)`` for coords with ``dims`` axes.
     """
     _check_dim(rotary_dim)
-    if not (isinstance(base, (int, float)) and base > 0):
-        raise ValueError(f"`base` must be a number > 0, got {base!r}")
+    check_base(base)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"`dtype` must be a floating torch.dtype such as torch.float32, got {dtype!r}")
     half = rotary_dim // 2
     u = nd_directions(half, dims, method, seed=seed, cf_terms=cf_terms, error=error)
     omega = float(base) ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from .planar import check_base
+
 __all__ = [
     "GEOPE_FREQ_STYLES",
     "GeoPERotation",
@@ -76,7 +78,7 @@ class GeoPERotation(NamedTuple):
 def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decreasing") -> torch.Tensor:
     """Per-triple frequencies ``ω_i`` (float32, shape ``(n,)``, ``n = ⌊head_dim/3⌋``).
 
-    ``"decreasing"`` (default, SPEC §4): ``ω_i = λ^{-i/n}``, a spectrum from 1 down to ``λ^{-(n-1)/n}``
+    ``"decreasing"`` (default): ``ω_i = λ^{-i/n}``, a spectrum from 1 down to ``λ^{-(n-1)/n}``
     like axial RoPE's. ``"paper"``: the literal ``λ^{2i/d}`` of GeoPE §3.1 with ``d = head_dim`` and
     ``i = 0 … n-1`` — increasing, which the spec reads as a typo but keeps for reproduction.
     """
@@ -84,8 +86,7 @@ def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decr
         raise TypeError(f"`head_dim` must be an int, got {type(head_dim).__name__}")
     if head_dim < 3:
         raise ValueError(f"GeoPE rotates channel triples: `head_dim` must be >= 3, got {head_dim}")
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not lam > 0:
-        raise ValueError(f"`lam` (the frequency base λ) must be a number > 0, got {lam!r}")
+    check_base(lam, "lam")
     if freq_style not in GEOPE_FREQ_STYLES:
         raise ValueError(f"`freq_style` must be one of {GEOPE_FREQ_STYLES}, got {freq_style!r}")
     n = head_dim // 3
@@ -207,12 +208,20 @@ def geope_rotation(
     else:
         if not isinstance(freqs, torch.Tensor) or freqs.ndim != 1 or freqs.numel() == 0:
             raise ValueError("`freqs` must be a non-empty 1-D tensor of per-triple frequencies")
+        if not freqs.is_floating_point() or not bool(torch.isfinite(freqs).all()):
+            raise ValueError("`freqs` must be finite floating-point per-triple frequencies")
         if 3 * freqs.numel() > head_dim:
             raise ValueError(
                 f"`freqs` has {freqs.numel()} triples ({3 * freqs.numel()} channels) but head_dim is {head_dim}"
             )
     vec = rotation_vectors(coords, freqs)
-    cos, sinc, versc = rodrigues_coefficients((vec * vec).sum(-1))
+    theta_sq = (vec * vec).sum(-1)
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(theta_sq).all()):
+        raise ValueError(
+            f"`coords` are too large: the GeoPE rotation angles overflow {theta_sq.dtype} "
+            f"(largest |coordinate| {float(coords.abs().max()):.3g}); positions must keep ω·p finite"
+        )
+    cos, sinc, versc = rodrigues_coefficients(theta_sq)
     with torch.no_grad():
         coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
     return GeoPERotation(vec, cos, sinc, versc, coeffs)
