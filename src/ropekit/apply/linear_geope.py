@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..rotations.geope import geope_frequencies, lie_embedding
+from ._inputs import canonical_seq_dim
 
 __all__ = ["linear_geope_scores", "linear_geope_attention"]
 
@@ -237,16 +238,17 @@ def linear_geope_attention(
 ) -> torch.Tensor:
     """``softmax(S · scale) v`` with Linear GeoPE scores S (GeoPE §3.4, eq. 7), in query blocks.
 
-    ``q (B, H, Lq, D)``, ``k``/``v (B, H, Lk, ·)`` (or ``(B, L, H, D)`` with ``seq_dim=1``); positions
+    ``q (B, H, Lq, D)``, ``k``/``v (B, H, Lk, ·)`` (``seq_dim=-2`` or ``2``; or ``(B, L, H, D)`` with
+    ``seq_dim=1`` or ``-3``); positions
     ``(L, A)`` or ``(B, L, A)`` with A = 2 (h, w) or 3 (d, h, w) (A = 1 is the 1-D case); ``pos_k`` defaults
     to ``pos_q``. ``attn_mask`` follows ``scaled_dot_product_attention``: boolean (True = attend) or
     additive float, broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query i see keys 0 … i (may be
-    combined with a mask). ``scale`` defaults to ``1/√D``. Rows with every key masked give NaN, as in the
+    combined with a mask). ``scale`` (finite, > 0) defaults to ``1/√D``. Empty sequences give an empty
+    (Lq = 0) or zero (Lk = 0) output, as ``scaled_dot_product_attention`` does. Rows with every key masked give NaN, as in the
     reference attention. Peak extra memory is ``O(B·H·block_size·Lk·D/3)``, also in backward
     (``use_checkpoint``). Maths in float32; the output has q's dtype.
     """
-    if seq_dim not in (-2, 1):
-        raise ValueError(f"`seq_dim` must be -2 (B,H,L,D) or 1 (B,L,H,D), got {seq_dim}")
+    seq_dim = canonical_seq_dim(seq_dim, q.ndim if isinstance(q, torch.Tensor) else 4)
     if seq_dim == 1:
         q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     _check_qkv(q, k, v)
@@ -256,8 +258,10 @@ def linear_geope_attention(
         raise ValueError(f"`block_size` must be a positive int, got {block_size!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"`scale` must be a positive number or None (1/√head_dim), got {scale!r}")
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"`scale` must be a positive number or None (1/√head_dim), got {scale!r}")
+    elif not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"`scale` must be a finite number > 0 or None (1/√head_dim), got {scale!r}")
     if freqs is None:
         freqs = geope_frequencies(D, lam, freq_style)
     elif 3 * freqs.numel() > D:
@@ -281,6 +285,9 @@ def linear_geope_attention(
         if full != (B, H, Lq, Lk):
             raise ValueError(f"`attn_mask` {tuple(attn_mask.shape)} must broadcast to (B, H, Lq, Lk) = {(B, H, Lq, Lk)}")
         mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
+    if Lq == 0 or Lk == 0:  # as scaled_dot_product_attention: no queries, or attention over no keys = 0
+        out = torch.zeros(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
+        return out.transpose(1, 2) if seq_dim == 1 else out
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     vw = v.to(work)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
