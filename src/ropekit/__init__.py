@@ -26,6 +26,7 @@ from .apply.linear_geope import linear_geope_attention
 
 # all four stages in one object
 from .rope import RoPE, design_frequencies
+from .rope import DirectionalRoPE
 
 # analysis and integrations
 from .analysis.metrics import attention_bias_map, layout_ptd, ptd
@@ -45,6 +46,7 @@ __all__ = [
     "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
     "GeoPE", "apply_geope", "apply_geope_qk", "linear_geope_attention",
     "RoPE", "design_frequencies",
+    "DirectionalRoPE",
     "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "relative_error", "relative_table", "geope_expected_kernel",
     "hf", "patch_model", "unpatch_model",
