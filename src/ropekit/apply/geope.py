@@ -8,9 +8,9 @@ quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); outp
 Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
-  of full-size temporaries; under ``torch.compile`` the per-channel coefficients applied to shifted
-  views of the zero-padded triples instead, which Inductor fuses into one loop;
-- eager (everything else): the rotation's per-channel coefficients
+  of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
+  applied to cyclic shifts inside each triple instead, which Inductor fuses into one loop;
+- eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
   straight into the output — about the cost of the fused planar RoPE path. The shifted views reach
@@ -180,8 +180,6 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
     merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
     L = x.shape[ldim]
     step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
-    if x.device.type != "cpu":
-        step = max(L, 1)
     for i in range(0, L, step):
         m = min(step, L - i)
         xf = x.narrow(ldim, i, m)[..., :R].to(work)
@@ -191,7 +189,7 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
             xf, ob, cb = xf.flatten(-2), ob.flatten(-2), [c.flatten(-2) for c in cb]
         tmp = ob if ob.dtype == work else torch.empty(xf.shape, dtype=work, device=x.device)
         _rotate_block(xf, cb, tmp)
-        if not bool(torch.isfinite(tmp).all()):
+        if not bool(torch.isfinite(tmp.sum())):  # a cheap detector (a finite sum may overflow: harmless)
             _confine(xf, cb, tmp)
         if tmp is not ob:
             ob.copy_(tmp)
@@ -212,7 +210,8 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
     rotation_grad = torch.is_grad_enabled() and any(t.requires_grad for t in fields)
     if rotation_grad or (torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling()):
         return _rotate_functional(x, rotation, n, seq_dim)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
+        # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
         return _rotate_coeff_functional(x, _coefficients(rotation, _work_dtype(x), x.device), n, seq_dim)
     coef = [_broadcast(c, 0, seq_dim, x.ndim) for c in _coefficients(rotation, _work_dtype(x), x.device)]
     triples = x.shape[:-1] + (3 * n,)
