@@ -405,3 +405,214 @@ def test_reprs_show_the_resolved_configuration():
     assert "allocation='mrope'" in r and "rotary_dim=64" in r and "None" not in r
     g = repr(GeoPE(12, lam=50.0))
     assert g.startswith("GeoPE(") and "head_dim=12" in g and "lam=50.0" in g
+
+
+# --- 11. property tests: every public entry point, random bad and random valid inputs ----------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ropekit.apply.geope import apply_geope_qk  # noqa: E402,F401
+
+_SHAPES = [(), (0,), (3,), (5, 4), (5, 1), (4, 3), (1, 1, 5, 8), (2, 2, 5, 8), (1, 5, 2, 8), (1, 2, 5, 7),
+           (2, 5, 3), (1, 2, 0, 8), (1, 2, 3, 4, 5)]
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.int64, torch.bool, torch.complex64]
+_FILLS = ["randn", "zeros", "nan", "inf", "huge"]
+
+
+def _tensor(shape, dtype, fill):
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)), dtype=torch.float64)
+    t = {"randn": t, "zeros": t * 0, "nan": t * math.nan, "inf": t + math.inf, "huge": t * 1e300}[fill]
+    if dtype == torch.bool:
+        return t > 0
+    if dtype == torch.int64:
+        return t.clamp(-1e6, 1e6).nan_to_num().long()
+    return t.to(dtype)
+
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from([-(2**63), -1, 0, 1, 2, 3, 7, 10**6, 10**20]),
+    st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 0.0, 0.5, 1.0, 2.9, 1e-50, 1e300]),
+    st.sampled_from(["", "a", "half", "mrope", "bhld", "float32"]),
+    st.lists(st.sampled_from([1, 2.5, "x", None]), max_size=3),
+    st.builds(_tensor, st.sampled_from(_SHAPES), st.sampled_from(_DTYPES), st.sampled_from(_FILLS)),
+    st.sampled_from([torch.int64, torch.float32, object(), {}, {"radius": "a"}]),
+)
+
+
+def _ang(L=5, half=4):
+    return torch.rand(L, half, generator=torch.Generator().manual_seed(1)) * 6
+
+
+def _planar(fn, qk):
+    def valid():
+        q, k = _qk(B=1, H=2, L=5, D=8)
+        kw = dict(cos=_ang().cos(), sin=_ang().sin(), channels="half", seq_dim=-2)
+        return dict(q=q, k=k, **kw) if qk else dict(x=q, **kw)
+    return valid, fn
+
+
+def _rope_rotate(**kw):
+    return RoPE("rope2d", head_dim=8).rotate(kw["q"], kw["k"], kw["coords"], seq_dim=kw["seq_dim"])
+
+
+def _mixed_rotate(**kw):
+    return MixedFrequencies(**{k: v for k, v in kw.items() if k in ("rotary_dim", "num_heads", "num_axes", "theta",
+                                                                     "seed")}).rotate(kw["q"], kw["k"], kw["coords"])
+
+
+def _geope_rotate(**kw):
+    return GeoPE(kw["head_dim"], lam=kw["lam"], freq_style=kw["freq_style"]).rotate(
+        kw["q"], kw["k"], kw["coords"], seq_dim=kw["seq_dim"])
+
+
+def _apply_geope(**kw):
+    return apply_geope(kw["x"], geope_rotation(kw["coords"], 6), seq_dim=kw["seq_dim"])
+
+
+def _qkv(L=5, D=6):
+    q, k = _qk(B=1, H=2, L=L, D=D)
+    return dict(q=q, k=k, v=k.clone())
+
+
+ENTRIES = {
+    "apply_rotary": _planar(apply_rotary, False),
+    "apply_rotary_qk": _planar(apply_rotary_qk, True),
+    "apply_rotary_fused": _planar(apply_rotary_fused, False),
+    "apply_rotary_qk_fused": _planar(apply_rotary_qk_fused, True),
+    "cos_sin": (lambda: dict(angles=_ang()), cos_sin),
+    "angles": (lambda: dict(coords=torch.rand(5, 3) * 9, W=frequency_matrix("mrope", 16, 3)), angles),
+    "frequency_matrix": (lambda: dict(allocation="mrope", rotary_dim=16, num_axes=3, base=100.0, sections=[2, 3, 3]),
+                         frequency_matrix),
+    "inv_freq": (lambda: dict(dim=16, base=100.0), inv_freq),
+    "design_frequencies": (lambda: dict(design="circle", rotary_dim=16, num_axes=3, allocation=None, base=100.0,
+                                        sections=None), design_frequencies),
+    "RoPE": (lambda: dict(design="circle", head_dim=16, rotary_dim=None, allocation=None, base=100.0,
+                          sections=None, channels="half", design_options={}),
+             lambda **kw: RoPE(**kw).cos_sin(torch.rand(4, 3) * 5)),
+    "RoPE.rotate": (lambda: dict(**_qkv(D=8), coords=torch.rand(5, 2) * 5, seq_dim=-2), _rope_rotate),
+    "directional_matrix": (lambda: dict(rotary_dim=8, dims=2, method="sobol", base=100.0, seed=0, cf_terms=20,
+                                        error=1e-4, dtype=torch.float32), directional_matrix),
+    "nd_directions": (lambda: dict(num=4, dims=3, method="weyl", seed=0, cf_terms=20, error=1e-4), nd_directions),
+    "MixedFrequencies": (lambda: dict(rotary_dim=8, num_heads=2, num_axes=2, theta=10.0, seed=0,
+                                      **_qkv(D=8), coords=torch.rand(5, 2) * 5), _mixed_rotate),
+    "GeoPE": (lambda: dict(head_dim=6, lam=100.0, freq_style="decreasing", **_qkv(D=6),
+                           coords=torch.rand(5, 2) * 5, seq_dim=-2), _geope_rotate),
+    "geope_rotation": (lambda: dict(coords=torch.rand(5, 3) * 5, head_dim=9, lam=100.0, freq_style="paper",
+                                    freqs=None), geope_rotation),
+    "apply_geope": (lambda: dict(x=_qk(B=1, H=2, L=5, D=6)[0], coords=torch.rand(5, 2) * 5, seq_dim=1), _apply_geope),
+    "linear_geope_attention": (lambda: dict(**_qkv(), pos_q=torch.rand(5, 2) * 5, pos_k=None, attn_mask=None,
+                                            is_causal=False, scale=None, block_size=2, lam=100.0,
+                                            freq_style="decreasing", freqs=None, seq_dim=-2),
+                               linear_geope_attention),
+}
+
+# an argument's error may name it through what it carries (x's last dim is head_dim, its length the sequence)
+_ALSO = {
+    "x": ("head_dim", "sequence length", "seq_dim"), "q": ("head_dim", "sequence length", "seq_dim", "heads"),
+    "k": ("head_dim", "sequence length", "`q`"), "v": ("`q`", "`k`"), "cos": ("cos/sin", "`x`", "head_dim"),
+    "sin": ("cos/sin", "`x`", "head_dim"), "rotary_dim": ("head_dim",), "head_dim": ("rotary_dim", "triple"),
+    "num_axes": ("axes",), "design": ("allocation",), "allocation": ("design",), "coords": ("axes", "positions"),
+    "W": ("axes",), "pos_q": ("positions",), "pos_k": ("positions",), "freq_style": ("lam",),
+    "sections": ("allocation",), "dims": ("golden",), "method": ("dims",),
+}
+
+
+def _finite(out) -> bool:
+    if isinstance(out, torch.Tensor):
+        return not out.is_floating_point() or bool(torch.isfinite(out).all())
+    if isinstance(out, (tuple, list)):
+        return all(_finite(o) for o in out)
+    return True
+
+
+def _inputs_finite(kw) -> bool:
+    return all(_finite(v) for v in kw.values() if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_bad_arguments_raise_value_or_type_errors_that_name_them(entry, data):
+    valid, call = ENTRIES[entry]
+    kw = valid()
+    arg = data.draw(st.sampled_from(sorted(kw)), label="argument")
+    kw[arg] = data.draw(JUNK, label="value")
+    try:
+        out = call(**kw)
+    except (ValueError, TypeError) as e:
+        names = (arg,) + _ALSO.get(arg, ())
+        assert any(n in str(e) for n in names), f"{entry}({arg}=…) raised {e!r}, which does not name `{arg}`"
+        return
+    # accepted: the value was a valid one, so the result must be well formed
+    if _inputs_finite(kw) and arg != "attn_mask":
+        assert _finite(out), f"{entry}({arg}={kw[arg]!r}) returned non-finite values"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    design=st.sampled_from(["vanilla", "mrope", "circle", "rope2d", "compact", "vrope"]),
+    channels=st.sampled_from(["half", "interleaved"]),
+    rot=st.sampled_from([32, 16]),
+    layout=st.sampled_from(["T3", "T2 I2x3 T1", "I3x3", "T1 V2x2x2 T2"]),
+    blhd=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_valid_rotations_match_float64_and_keep_pair_norms(design, channels, rot, layout, blhd, seed):
+    rope = RoPE(design, head_dim=32, rotary_dim=rot, channels=channels)
+    coords = rope.coords(layout)
+    L = coords.shape[0]
+    q, k = _qk(B=2, H=2, L=L, D=32, seed=seed)
+    if blhd:
+        out_q, out_k = rope.rotate(q.transpose(1, 2), k.transpose(1, 2), layout, seq_dim=1)
+        out_q, out_k = out_q.transpose(1, 2), out_k.transpose(1, 2)
+    else:
+        out_q, out_k = rope.rotate(q, k, layout)
+    assert torch.isfinite(out_q).all() and torch.isfinite(out_k).all()
+    ref = _planar_reference(q[..., :rot], coords, rope.frequencies(coords.shape[1]), channels)
+    torch.testing.assert_close(out_q[..., :rot].double(), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out_q[..., rot:], q[..., rot:], rtol=0, atol=0)  # partial rotary tail untouched
+    pairs = (lambda t: torch.stack((t[..., : rot // 2], t[..., rot // 2 : rot]), -1)) if channels == "half" else (
+        lambda t: t[..., :rot].unflatten(-1, (rot // 2, 2)))
+    torch.testing.assert_close(pairs(out_k).norm(dim=-1), pairs(k).norm(dim=-1), rtol=1e-5, atol=1e-5)
+
+
+def _rodrigues_reference(x, coords, head_dim, lam=100.0):
+    """float64 GeoPE: explicit 3×3 rotation matrices from the axis-angle vector φ = ω_i · E p."""
+    n = head_dim // 3
+    w = lam ** (-torch.arange(n, dtype=torch.float64) / n)
+    A = coords.shape[-1]
+    c = coords.double()
+    E = {1: lambda p: torch.stack((0 * p[:, 0], p[:, 0], 0 * p[:, 0]), -1), 2: lambda p: torch.cat((0 * p[:, :1], p / 2), -1),
+         3: lambda p: p / 3}[A](c)
+    out = x.double().clone()
+    for i in range(n):
+        phi = E * w[i]  # (L, 3)
+        theta = phi.norm(dim=-1).clamp_min(1e-300)
+        a = phi / theta[:, None]
+        K = torch.zeros(len(c), 3, 3, dtype=torch.float64)
+        K[:, 0, 1], K[:, 0, 2], K[:, 1, 2] = -a[:, 2], a[:, 1], -a[:, 0]
+        K = K - K.transpose(1, 2)
+        R = torch.eye(3, dtype=torch.float64) + theta.sin()[:, None, None] * K + (1 - theta.cos())[:, None, None] * K @ K
+        out[..., 3 * i: 3 * i + 3] = (R @ x.double()[..., 3 * i: 3 * i + 3, None])[..., 0]
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(axes=st.sampled_from([1, 2, 3]), head_dim=st.sampled_from([6, 8, 12]), grad=st.booleans(),
+       scale=st.sampled_from([0.0, 1.0, 50.0]), seed=st.integers(0, 2**16))
+def test_valid_geope_matches_float64_and_keeps_triple_norms(axes, head_dim, grad, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    coords = torch.rand(7, axes, generator=g) * scale
+    x = torch.randn(2, 3, 7, head_dim, generator=g)
+    geo = GeoPE(head_dim)
+    with torch.set_grad_enabled(grad):
+        out = geo.rotate(x.requires_grad_(grad), x, coords)[0].detach()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), _rodrigues_reference(x.detach(), coords, head_dim), rtol=1e-4, atol=1e-4)
+    R = 3 * (head_dim // 3)
+    norms = (lambda t: t[..., :R].unflatten(-1, (-1, 3)).norm(dim=-1))
+    torch.testing.assert_close(norms(out), norms(x.detach()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[..., R:], x.detach()[..., R:], rtol=0, atol=0)

@@ -23,7 +23,9 @@ from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
 from .layout import Layout
 from .rotations.directional import directional_matrix
-from .rotations.planar import ALLOCATIONS, angles, check_base, check_sections, frequency_matrix
+from .rotations.planar import (
+    ALLOCATIONS, MAX_AXES, angles, check_base, check_count, check_sections, frequency_matrix,
+)
 
 __all__ = ["RoPE", "DirectionalRoPE", "design_frequencies", "design_axes"]
 
@@ -72,6 +74,7 @@ def design_frequencies(
     design gives (e.g. 3 for Circle-RoPE). Anything else is a ``ValueError`` naming both counts; pass
     ``allocation=`` explicitly to pair coordinates with another allocation.
     """
+    check_count(num_axes, "num_axes", MAX_AXES)
     own = allocation is None
     alloc = get_design(design).allocation if own else allocation
     if sections is not None:

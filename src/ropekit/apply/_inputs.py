@@ -42,6 +42,8 @@ def check_qk(q, k, head_dim: int | None = None) -> None:
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"`{name}` must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.ndim not in (3, 4):
+            raise ValueError(f"`{name}` must be (B, H, L, D) or (B, L, H, D) (or (H, L, D)), got shape {tuple(t.shape)}")
         if head_dim is not None and t.shape[-1] != head_dim:
             raise ValueError(
                 f"`{name}` has last dim {t.shape[-1]} but this rotary was built for head_dim={head_dim}; "
@@ -56,7 +58,10 @@ def check_qk(q, k, head_dim: int | None = None) -> None:
 def resolve_coords(coords, design: str, design_options: dict, device: torch.device) -> torch.Tensor:
     """Token coordinates from a tensor ``(L, A)``/``(B, L, A)``, a :class:`~ropekit.Layout` or its string."""
     if isinstance(coords, (str, Layout)):
-        coords = positions(coords, design, **design_options)
+        try:
+            coords = positions(coords, design, **design_options)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"`coords` {str(coords)!r} cannot be placed by design {design!r}: {e}") from None
     if not isinstance(coords, torch.Tensor):
         raise TypeError(
             f"`coords` must be a tensor (L, A) or (B, L, A), a Layout or a layout string, got {type(coords).__name__}"

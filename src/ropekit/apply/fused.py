@@ -133,8 +133,8 @@ def apply_rotary_qk_fused(
     different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
     or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels.
     """
-    rot, seq_dim = _validate(q, cos, sin, channels, seq_dim)
-    if _validate(k, cos, sin, channels, seq_dim)[1] != seq_dim:
+    rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q")
+    if _validate(k, cos, sin, channels, seq_dim, "k")[1] != seq_dim:
         raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
     use_triton = _triton_ok(q, k, cos, sin, seq_dim)
     return (

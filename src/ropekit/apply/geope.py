@@ -82,7 +82,10 @@ def _validate(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> int:
         )
     L = x.shape[seq_dim]
     if rotation.seq_len != L:
-        raise ValueError(f"the rotation has {rotation.seq_len} positions but `x` has sequence length {L}")
+        raise ValueError(
+            f"the rotation has {rotation.seq_len} positions but `x` has sequence length {L} at dim {seq_dim} "
+            f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
+        )
     return n, seq_dim
 
 

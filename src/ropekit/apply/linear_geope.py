@@ -40,7 +40,8 @@ def _as_batched(pos: torch.Tensor, name: str, length: int, batch: int) -> torch.
     if pos.ndim != 3:
         raise ValueError(f"`{name}` must be (L, A) or (B, L, A), got shape {tuple(pos.shape)}")
     if pos.shape[1] != length:
-        raise ValueError(f"`{name}` has {pos.shape[1]} positions but the sequence has {length} tokens")
+        raise ValueError(f"`{name}` has {pos.shape[1]} positions but the sequence has {length} tokens "
+                         f"(the sequence dim is chosen by `seq_dim`)")
     if pos.shape[0] not in (1, batch):
         raise ValueError(f"`{name}` has batch {pos.shape[0]} but q/k have batch {batch}")
     return pos
@@ -194,6 +195,11 @@ def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
 
 def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from):
     s = linear_geope_scores(q, k, pos_q, pos_k, freqs) * scale
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(s.sum())):
+        raise ValueError(
+            "the attention scores q·R·k · scale are not finite: q or k hold NaN/inf, or `scale` "
+            f"({scale:.3g}) is too large for these values"
+        )
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
     if causal_from is not None:
@@ -209,6 +215,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise TypeError(f"`{name}` must be a floating-point tensor, got {getattr(t, 'dtype', type(t))}")
         if t.ndim != 4:
             raise ValueError(f"`{name}` must be 4-D (B, H, L, D) (or (B, L, H, D) with seq_dim=1), got {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must have one dtype (as in scaled_dot_product_attention), got "
+                        f"`q` {q.dtype}, `k` {k.dtype}, `v` {v.dtype}")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(f"q, k, v must share batch and heads, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
@@ -262,8 +271,15 @@ def linear_geope_attention(
         raise TypeError(f"`scale` must be a positive number or None (1/√head_dim), got {scale!r}")
     elif not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"`scale` must be a finite number > 0 or None (1/√head_dim), got {scale!r}")
+    scale = float(scale)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"`is_causal` must be True or False, got {is_causal!r}")
     if freqs is None:
         freqs = geope_frequencies(D, lam, freq_style)
+    elif not isinstance(freqs, torch.Tensor) or freqs.ndim != 1 or not freqs.is_floating_point():
+        raise TypeError(f"`freqs` must be a 1-D floating tensor of per-triple frequencies or None, got {freqs!r}")
+    elif not bool(torch.isfinite(freqs).all()):
+        raise ValueError("`freqs` must be finite")
     elif 3 * freqs.numel() > D:
         raise ValueError(f"`freqs` covers {3 * freqs.numel()} channels but head_dim is {D}")
     pos_k = pos_q if pos_k is None else pos_k

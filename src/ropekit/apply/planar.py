@@ -8,6 +8,8 @@ float64 input); the output has the input's dtype.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._inputs import canonical_seq_dim
@@ -38,19 +40,21 @@ def _broadcast(t: torch.Tensor, x: torch.Tensor, seq_dim: int) -> torch.Tensor:
     raise ValueError(f"cos/sin must have 2, 3 or 4 dims ((L,R/2), (B,L,R/2), (B,H,L,R/2)), got {tuple(t.shape)}")
 
 
-def _validate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim) -> tuple[int, int]:
-    """Check one apply call; returns the rotary width and the canonical ``seq_dim`` (-2 or 1)."""
+def _validate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim, name: str = "x"
+) -> tuple[int, int]:
+    """Check one apply call on tensor ``name``; returns the rotary width and the canonical ``seq_dim`` (-2 or 1)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"apply_rotary: `x` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
-    for name, t in (("cos", cos), ("sin", sin)):
+        raise TypeError(f"apply_rotary: `{name}` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+    for arg, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(
-                f"apply_rotary: `{name}` must be a floating-point tensor (L, R/2), (B, L, R/2) or (B, H, L, R/2) "
+                f"apply_rotary: `{arg}` must be a floating-point tensor (L, R/2), (B, L, R/2) or (B, H, L, R/2) "
                 f"(from ropekit.cos_sin), got {getattr(t, 'dtype', type(t).__name__)}"
             )
         if t.ndim not in (2, 3, 4):
             raise ValueError(
-                f"apply_rotary: `{name}` must have 2, 3 or 4 dims ((L, R/2), (B, L, R/2), (B, H, L, R/2)), "
+                f"apply_rotary: `{arg}` must have 2, 3 or 4 dims ((L, R/2), (B, L, R/2), (B, H, L, R/2)), "
                 f"got shape {tuple(t.shape)}"
             )
     if channels not in CHANNEL_LAYOUTS:
@@ -58,18 +62,33 @@ def _validate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: s
     seq_dim = canonical_seq_dim(seq_dim, x.ndim)
     if cos.shape != sin.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    _check_finite_cos_sin(cos, sin, x.dtype)
     D = x.shape[-1]
     rot = 2 * cos.shape[-1]
     if D % 2:
-        raise ValueError(f"head_dim must be even to rotate channel pairs, got head_dim={D}")
+        raise ValueError(f"head_dim must be even to rotate channel pairs, got head_dim={D} (last dim of `{name}`)")
     if rot > D:
         raise ValueError(
-            f"cos/sin cover {rot} channels but head_dim is {D}; build the frequencies with rotary_dim <= head_dim"
+            f"cos/sin cover {rot} channels but head_dim is {D} (last dim of `{name}`); build the frequencies "
+            f"with rotary_dim <= head_dim"
         )
     L = x.shape[seq_dim]
     if cos.shape[-2] != L:
-        raise ValueError(f"cos/sin have {cos.shape[-2]} positions but `x` has sequence length {L}")
+        raise ValueError(
+            f"cos/sin have {cos.shape[-2]} positions but `{name}` has sequence length {L} at dim {seq_dim} "
+            f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
+        )
     return rot, seq_dim
+
+
+def _check_finite_cos_sin(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> None:
+    """cos/sin must be finite in the working precision (checked on CPU, where it costs no device sync)."""
+    if torch.compiler.is_compiling() or cos.device.type != "cpu" or cos.numel() == 0:
+        return
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    for arg, t in (("cos", cos), ("sin", sin)):
+        if not math.isfinite(float(t.detach().to(work).abs().amax())):
+            raise ValueError(f"apply_rotary: `{arg}` holds NaN or inf in {work}; positions or angles are not finite")
 
 
 def apply_rotary(
@@ -113,6 +132,8 @@ def apply_rotary_qk(
     seq_dim: int = -2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys with the same cos/sin."""
+    _validate(q, cos, sin, channels, seq_dim, "q")
+    _validate(k, cos, sin, channels, seq_dim, "k")
     return (
         apply_rotary(q, cos, sin, channels=channels, seq_dim=seq_dim),
         apply_rotary(k, cos, sin, channels=channels, seq_dim=seq_dim),

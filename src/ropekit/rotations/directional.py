@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import torch
 
-from .planar import _check_dim, check_base
+from .planar import MAX_AXES, _check_dim, check_count, check_seed, inv_freq
 
 __all__ = ["METHODS", "nd_directions", "directional_matrix", "primes", "sqrt_convergent"]
 
@@ -30,19 +30,8 @@ METHODS = ("sobol", "weyl", "ggr", "uniform", "golden", "random")
 _CF_METHODS = ("sobol", "weyl", "ggr", "uniform")
 # keeps the inverse normal CDF finite for a sample that is exactly 0 (possible for `uniform`)
 _TINY = 2.0**-53
-
-
-def _check_count(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}")
-    return value
-
-
-def _check_seed(seed) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"`seed` must be an int or None, got {seed!r}")
+# at most this many direction coordinates (num · dims): each takes a prime and its continued fraction
+_MAX_ENTRIES = 1 << 16
 
 
 def primes(count: int) -> list[int]:
@@ -173,10 +162,15 @@ def nd_directions(
     normalisation; ``weyl`` and ``ggr`` are deterministic. ``golden`` (2-D only) gives angles
     ``j · π(1 − √5)``, j = 0 … num-1; ``random`` normalises seeded Gaussian vectors.
     """
-    _check_count(num, "num")
-    _check_count(dims, "dims")
+    check_count(num, "num", _MAX_ENTRIES)
+    check_count(dims, "dims", MAX_AXES)
+    if method in _CF_METHODS and num * dims > _MAX_ENTRIES:
+        raise ValueError(
+            f"`num` × `dims` = {num * dims} direction coordinates are too many for the continued-fraction "
+            f"step (one prime each; at most {_MAX_ENTRIES})"
+        )
     _check_method(method)
-    _check_seed(seed)
+    check_seed(seed)
     if isinstance(cf_terms, bool) or not isinstance(cf_terms, int) or cf_terms < 1:
         raise ValueError(f"`cf_terms` must be an int >= 1, got {cf_terms!r}")
     if not (isinstance(error, (int, float)) and math.isfinite(error) and error > 0):
@@ -219,7 +213,7 @@ def directional_matrix(
     j-th direction for the j-th pair. Use with ``ropekit.angles(coords, W)`` for coords with ``dims`` axes.
     """
     _check_dim(rotary_dim)
-    check_base(base)
+    inv_freq(rotary_dim, base)  # checks base, including frequencies that underflow float32
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"`dtype` must be a floating torch.dtype such as torch.float32, got {dtype!r}")
     half = rotary_dim // 2

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from .planar import check_base
+from .planar import MAX_DIM, check_base, check_count
 
 __all__ = [
     "GEOPE_FREQ_STYLES",
@@ -75,6 +75,14 @@ class GeoPERotation(NamedTuple):
         return self.vector.shape[-3]
 
 
+def _check_head_dim(head_dim: int) -> None:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"`head_dim` must be an int, got {type(head_dim).__name__}")
+    if head_dim < 3:
+        raise ValueError(f"GeoPE rotates channel triples: `head_dim` must be >= 3, got {head_dim}")
+    check_count(head_dim, "head_dim", MAX_DIM)
+
+
 def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decreasing") -> torch.Tensor:
     """Per-triple frequencies ``ω_i`` (float32, shape ``(n,)``, ``n = ⌊head_dim/3⌋``).
 
@@ -82,17 +90,17 @@ def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decr
     like axial RoPE's. ``"paper"``: the literal ``λ^{2i/d}`` of GeoPE §3.1 with ``d = head_dim`` and
     ``i = 0 … n-1`` — increasing, which the spec reads as a typo but keeps for reproduction.
     """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
-        raise TypeError(f"`head_dim` must be an int, got {type(head_dim).__name__}")
-    if head_dim < 3:
-        raise ValueError(f"GeoPE rotates channel triples: `head_dim` must be >= 3, got {head_dim}")
+    _check_head_dim(head_dim)
     check_base(lam, "lam")
     if freq_style not in GEOPE_FREQ_STYLES:
         raise ValueError(f"`freq_style` must be one of {GEOPE_FREQ_STYLES}, got {freq_style!r}")
     n = head_dim // 3
     i = torch.arange(n, dtype=torch.float64)
     expo = -i / n if freq_style == "decreasing" else 2.0 * i / head_dim
-    return (float(lam) ** expo).to(torch.float32)
+    freqs = (float(lam) ** expo).to(torch.float32)
+    if not bool(torch.isfinite(freqs).all() and (freqs > 0).all()):
+        raise ValueError(f"`lam` = {lam!r} is too large: its frequencies leave the float32 range")
+    return freqs
 
 
 def _check_coords(coords: torch.Tensor, name: str = "coords") -> torch.Tensor:
@@ -203,6 +211,7 @@ def geope_rotation(
     float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
     Note: GeoPE is not exactly relative (see the module docstring).
     """
+    _check_head_dim(head_dim)
     if freqs is None:
         freqs = geope_frequencies(head_dim, lam, freq_style)
     else:

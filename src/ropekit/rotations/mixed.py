@@ -18,17 +18,14 @@ from ..apply._inputs import canonical_seq_dim, check_qk, resolve_coords
 from ..apply.fused import apply_rotary_qk_fused
 from ..apply.planar import cos_sin
 from ..designs.registry import positions
-from .planar import _check_dim, angles, check_base
+from .planar import _check_dim, angles, check_base, check_count, check_seed
 
 __all__ = ["mixed_init", "MixedFrequencies"]
 
 
-def _check_positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}")
-    return value
+# per-layer sizes beyond any model's: a random rotation per head is a QR of num_axes × num_axes
+_MAX_HEADS = 1 << 12
+_MAX_AXES = 1 << 8
 
 
 def _random_rotation(dims: int, generator: torch.Generator) -> torch.Tensor:
@@ -58,21 +55,22 @@ def mixed_init(
     rotation ``Q_h`` per head (seeded by ``seed``).
     """
     _check_dim(rotary_dim)
-    _check_positive_int(num_heads, "num_heads")
-    _check_positive_int(num_axes, "num_axes")
+    check_count(num_heads, "num_heads", _MAX_HEADS)
+    check_count(num_axes, "num_axes", _MAX_AXES)
     check_base(theta, "theta")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"`seed` must be an int or None, got {seed!r}")
+    check_seed(seed)
     half = rotary_dim // 2
     if half % num_axes:
         raise ValueError(
-            f"RoPE-Mixed splits rotary_dim/2 = {half} pairs evenly over {num_axes} axis directions; "
+            f"RoPE-Mixed splits rotary_dim/2 = {half} pairs evenly over num_axes = {num_axes} axis directions; "
             f"choose rotary_dim divisible by {2 * num_axes}"
         )
     n = half // num_axes
     gen = torch.Generator()
     gen.manual_seed(seed) if seed is not None else gen.seed()
     mag = float(theta) ** (-torch.arange(n, dtype=torch.float64) / n)  # (n,)
+    if float(mag[-1]) < torch.finfo(torch.float32).tiny:
+        raise ValueError(f"`theta` = {theta!r} is too large: its frequencies underflow float32")
     heads = []
     for _ in range(num_heads):
         q = _random_rotation(num_axes, gen)  # columns: the head's orthonormal directions

@@ -19,12 +19,38 @@ __all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_base"
 ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial")
 
 
+# Upper bounds that keep absurd sizes from allocating gigabytes before anything else fails.
+MAX_DIM = 1 << 16  # rotary/head dims
+MAX_AXES = 1 << 10  # coordinate axes
+
+
+def check_count(value: int, name: str, most: int) -> int:
+    """An int in ``[1, most]`` (bools and other types are TypeErrors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {value}")
+    if value > most:
+        raise ValueError(f"`{name}` = {value} is too large (at most {most})")
+    return value
+
+
+def check_seed(seed) -> None:
+    """``None`` or an int in ``[0, 2**63)`` (what torch generators take)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int or None, got {seed!r}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"`seed` must be in [0, 2**63), got {seed}")
+
+
 def _check_dim(dim: int, name: str = "rotary_dim") -> int:
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"`{name}` must be an int, got {type(dim).__name__}")
     if dim < 2 or dim % 2:
         raise ValueError(f"`{name}` must be a positive even number (channels rotate in pairs), got {dim}")
-    return dim
+    return check_count(dim, name, MAX_DIM)
 
 
 def check_base(base: float, name: str = "base") -> float:
@@ -46,9 +72,12 @@ def check_base(base: float, name: str = "base") -> float:
 def inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
     """Standard inverse frequencies ``base ** (-2j / dim)``, ``j = 0 … dim/2 - 1`` (float32)."""
     _check_dim(dim, "dim")
-    check_base(base)
+    base = check_base(base)
     # same expression as the Hugging Face reference, so M-RoPE matches it bit for bit
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if not bool((freqs > 0).all()):
+        raise ValueError(f"`base` = {base!r} is too large: frequencies base^(-2j/{dim}) underflow to 0 in float32")
+    return freqs
 
 
 def _one_hot(axis_of: torch.Tensor, freqs: torch.Tensor, num_axes: int) -> torch.Tensor:
@@ -80,8 +109,7 @@ def frequency_matrix(
       ``base ** (-j / n)`` over its ``n = rotary_dim / (2A)`` pairs (rope-vit axial).
     """
     _check_dim(rotary_dim)
-    if isinstance(num_axes, bool) or not isinstance(num_axes, int) or num_axes < 1:
-        raise ValueError(f"`num_axes` must be an int >= 1, got {num_axes!r}")
+    check_count(num_axes, "num_axes", MAX_AXES)
     half = rotary_dim // 2
     if allocation not in ALLOCATIONS:
         raise ValueError(f"unknown allocation {allocation!r}; choose one of {', '.join(ALLOCATIONS)}")
@@ -136,9 +164,13 @@ def frequency_matrix(
 
 def check_sections(sections: Sequence[int]) -> list[int]:
     """``sections`` as a list of Python ints; floats (even 3.0), bools and other types are refused, not truncated."""
+    if isinstance(sections, torch.Tensor):
+        if sections.ndim != 1 or sections.is_floating_point() or sections.dtype == torch.bool:
+            raise TypeError(f"`sections` must be a 1-D integer tensor or a list of ints, got {sections!r}")
+        sections = sections.tolist()
     if isinstance(sections, (str, bytes)) or not hasattr(sections, "__iter__"):
         raise TypeError(f"`sections` must be a sequence of ints such as [16, 24, 24], got {sections!r}")
-    secs = list(sections.tolist() if isinstance(sections, torch.Tensor) else sections)
+    secs = list(sections)
     bad = [s for s in secs if isinstance(s, bool) or not isinstance(s, numbers.Integral)]
     if bad:
         raise TypeError(f"`sections` must hold ints (numbers of frequency pairs), got {list(secs)!r}")
