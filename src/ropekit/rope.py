@@ -213,7 +213,11 @@ class RoPE(_PlanarRotary):
 
 class DirectionalRoPE(_PlanarRotary):
     """Directional N-D RoPE as a rotary object: pair j rotates by ``ω_j · (u_j · p)`` (see
-    :func:`ropekit.directional_matrix`), with coordinates of ``dims`` axes (layouts placed by ``design``)."""
+    :func:`ropekit.directional_matrix`), with coordinates of ``dims`` axes (layouts placed by ``design``).
+
+    ``seed`` defaults to 0, so two instances with the same arguments rotate alike; ``None`` draws a fresh
+    Sobol scramble (methods ``sobol``, ``uniform``, ``random``).
+    """
 
     def __init__(self, head_dim: int, dims: int = 2, method: str = "sobol", *, rotary_dim: int | None = None,
                  base: float = 10000.0, seed: int | None = 0, channels: str = "half", design: str = "rope2d",
