@@ -223,7 +223,7 @@ def test_bad_input():
         nd_directions(4, 2, "weyl", error=0.0)
     with pytest.raises(ValueError, match="`rotary_dim` must be a positive even number"):
         directional_matrix(7, 2)
-    with pytest.raises(ValueError, match="`base` must be a number > 0"):
+    with pytest.raises(ValueError, match="`base` must be a finite number > 1"):
         directional_matrix(8, 2, base=-1.0)
     with pytest.raises(ValueError, match="perfect square"):
         sqrt_convergent(9)

@@ -122,7 +122,7 @@ def test_bad_input():
         mixed_init(8, 0)
     with pytest.raises(TypeError, match="`num_axes` must be an int"):
         mixed_init(8, 2, 2.0)
-    with pytest.raises(ValueError, match="`theta` must be a number > 0"):
+    with pytest.raises(ValueError, match="`theta` must be a finite number > 1"):
         mixed_init(8, 2, theta=0)
     m = MixedFrequencies(8, 2)
     with pytest.raises(ValueError, match=r"\(L, A\) or \(B, L, A\)"):

@@ -27,6 +27,7 @@ from .apply.linear_geope import linear_geope_attention
 
 # all four stages in one object
 from .rope import RoPE, design_frequencies
+from .rope import DirectionalRoPE
 from .nn.rotary import RotaryEmbedding
 
 # analysis and integrations
@@ -47,7 +48,7 @@ __all__ = [
     "apply_rotary", "apply_rotary_qk", "apply_rotary_fused", "apply_rotary_qk_fused", "cos_sin",
     "GeoPE", "apply_geope", "apply_geope_qk", "linear_geope_attention",
     "RoPE", "design_frequencies",
-    "RotaryEmbedding", "scale_frequencies", "scaled_inv_freq",
+    "DirectionalRoPE", "RotaryEmbedding", "scale_frequencies", "scaled_inv_freq",
     "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "relative_error", "relative_table", "geope_expected_kernel",
     "hf", "patch_model", "unpatch_model",

@@ -1,8 +1,9 @@
 """Fused apply path: the planar rotary apply with fewer passes over memory, same results.
 
 :func:`apply_rotary_qk_fused` has the semantics of :func:`ropekit.apply.planar.apply_rotary_qk`
-(RoPE, Su et al. eq. 34; SPEC §2 conventions: ``"half"``/``"interleaved"`` pairs, partial rotary,
-float32 maths, output in the input dtype) and picks the cheapest backend:
+(RoPE, Su et al. eq. 34; ``"half"``/``"interleaved"`` pairs, partial rotary, float32 maths, output in
+the input dtype, ``seq_dim`` read as a dim index: -2/2 for ``(B, H, L, D)``, 1/-3 for ``(B, L, H, D)``)
+and picks the cheapest backend:
 
 - CUDA tensors with triton installed: one Triton kernel per tensor (:mod:`.triton_rope`), which reads
   q/k and cos/sin once and writes the result once.
@@ -128,13 +129,13 @@ def apply_rotary_qk_fused(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys like :func:`ropekit.apply_rotary_qk`, on the fastest available backend.
 
-    ``q``/``k`` are ``(B, H, L, D)`` (``seq_dim=-2``) or ``(B, L, H, D)`` (``seq_dim=1``) and may have
+    ``q``/``k`` are ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``) and may have
     different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
     or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels.
     """
-    seq_dim = 1 if seq_dim == 2 else seq_dim
-    rot = _validate(q, cos, sin, channels, seq_dim)
-    _validate(k, cos, sin, channels, seq_dim)
+    rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q")
+    if _validate(k, cos, sin, channels, seq_dim, "k")[1] != seq_dim:
+        raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
     use_triton = _triton_ok(q, k, cos, sin, seq_dim)
     return (
         _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton),
@@ -151,7 +152,6 @@ def apply_rotary_fused(
     seq_dim: int = -2,
 ) -> torch.Tensor:
     """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics)."""
-    seq_dim = 1 if seq_dim == 2 else seq_dim
-    rot = _validate(x, cos, sin, channels, seq_dim)
+    rot, seq_dim = _validate(x, cos, sin, channels, seq_dim)
     use_triton = _triton_ok(x, x, cos, sin, seq_dim)
     return _rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton)

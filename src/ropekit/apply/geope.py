@@ -1,6 +1,6 @@
 """Stage 4 — apply GeoPE rotations to q and k (GeoPE eq. 2, as Rodrigues' formula on triples).
 
-``x`` is ``(B, H, L, D)`` (``seq_dim=-2``) or ``(B, L, H, D)`` (``seq_dim=1``). Triple i is channels
+``x`` is ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``). Triple i is channels
 ``3i, 3i+1, 3i+2``; channels beyond ``3n`` pass through unchanged. Each triple ``v`` becomes
 ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — the sandwich product ``r v r*`` without building
 quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); output has the input's dtype.
@@ -8,18 +8,24 @@ quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); outp
 Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
-  of full-size temporaries; under ``torch.compile`` the per-channel coefficients applied to shifted
-  views of the zero-padded triples instead, which Inductor fuses into one loop;
-- eager (everything else): the rotation's per-channel coefficients
+  of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
+  applied to cyclic shifts inside each triple instead, which Inductor fuses into one loop;
+- eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
-  straight into the output — about the cost of the fused planar RoPE path.
+  straight into the output — about the cost of the fused planar RoPE path. The shifted views reach
+  across triple (and, merged, token) boundaries with zero weights, and ``0 · inf`` is NaN, so a block
+  whose result is not finite is recomputed triple by triple: a NaN/inf input channel only ever affects
+  its own triple of its own token, on every path.
 """
 from __future__ import annotations
 
 import torch
 
-from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_rotation
+from ..designs.registry import positions
+from ..layout import Layout
+from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
+from ._inputs import canonical_seq_dim, check_qk, resolve_coords
 
 __all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
 
@@ -64,10 +70,7 @@ def _validate(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> int:
             "apply_geope: `rotation` must be a GeoPERotation; build it with "
             "ropekit.rotations.geope.geope_rotation(coords, head_dim)"
         )
-    if seq_dim not in (-2, 1):
-        raise ValueError(f"`seq_dim` must be -2 (B,H,L,D) or 1 (B,L,H,D), got {seq_dim}")
-    if x.ndim != 4 and not (x.ndim == 3 and seq_dim == -2):
-        raise ValueError(f"`x` must be (B, H, L, D) or (B, L, H, D), got shape {tuple(x.shape)}")
+    seq_dim = canonical_seq_dim(seq_dim, x.ndim)
     n = rotation.num_triples
     D = x.shape[-1]
     if D < 3:
@@ -79,8 +82,11 @@ def _validate(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> int:
         )
     L = x.shape[seq_dim]
     if rotation.seq_len != L:
-        raise ValueError(f"the rotation has {rotation.seq_len} positions but `x` has sequence length {L}")
-    return n
+        raise ValueError(
+            f"the rotation has {rotation.seq_len} positions but `x` has sequence length {L} at dim {seq_dim} "
+            f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
+        )
+    return n, seq_dim
 
 
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -110,17 +116,26 @@ def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.devi
     return c.to(device=device, dtype=work).contiguous()
 
 
+def _cyclic(coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The five per-channel weights folded into three that stay inside each triple: output component c
+    reads components c, c+1 and c−1 (mod 3) of its own triple, so nothing crosses a triple boundary."""
+    return coeffs[0], coeffs[1] + coeffs[4], coeffs[2] + coeffs[3]
+
+
+def _rotate_in_triples(xt: torch.Tensor, c0: torch.Tensor, cp: torch.Tensor, cm: torch.Tensor) -> torch.Tensor:
+    """``Σ`` over the triple of ``xt (..., n, 3)`` with the weights of :func:`_cyclic` (shaped like ``xt``)."""
+    return c0 * xt + cp * xt.roll(-1, -1) + cm * xt.roll(1, -1)
+
+
 def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
-    """Out-of-place per-channel form for tracing: ``Σ_o C[o] · x[j + o]`` over a zero-padded copy of the
-    triples, which a compiler fuses into one contiguous loop. Differentiable in ``x`` (not in the rotation)."""
+    """Out-of-place per-channel form for tracing: each triple combines its own three components with the
+    rotation's weights (cyclic shifts inside the triple), which a compiler fuses into one loop.
+    Differentiable in ``x`` (not in the rotation)."""
     work = _work_dtype(x)
     R = 3 * n
-    xp = torch.nn.functional.pad(x[..., :R].to(work), (2, 2))
-    out = None
-    for o, c in zip(CHANNEL_OFFSETS, coeffs.to(work).unbind(0)):
-        term = _broadcast(c, 0, seq_dim, x.ndim) * xp[..., 2 + o : 2 + o + R]
-        out = term if out is None else out + term
-    out = out.to(x.dtype)
+    xt = x[..., :R].to(work).unflatten(-1, (n, 3))
+    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in _cyclic(coeffs.to(work))]
+    out = _rotate_in_triples(xt, *w).flatten(-2).to(x.dtype)
     if R == x.shape[-1]:
         return out
     return torch.cat((out, x[..., R:]), dim=-1)
@@ -141,12 +156,22 @@ def _rotate_block(xf: torch.Tensor, coef: list[torch.Tensor], out: torch.Tensor)
             out[..., -o:].addcmul_(xf[..., : R + o], c[..., -o:])
 
 
+def _confine(xf: torch.Tensor, coef: list[torch.Tensor], ob: torch.Tensor) -> None:
+    """Redo a block whose result is not finite triple by triple, so a NaN/inf input channel reaches only
+    its own triple (the shifted views multiply it by the zero weights of neighbouring triples: 0 · inf = NaN)."""
+    shape = ob.shape
+    cyc = _cyclic(torch.stack([c.expand(shape) for c in coef]))
+    xt = xf.reshape(*shape[:-1], -1, 3)
+    ob.copy_(_rotate_in_triples(xt, *(c.reshape(xt.shape) for c in cyc)).reshape(shape))
+
+
 def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
     """Blocked eager rotation of validated, gradient-free ``x`` with broadcast-ready coefficient views.
 
     Where a block's rows are contiguous and fully rotated (``D = 3n``, seq axis before channels), the
     sequence and channel axes are merged so every multiply-add runs over one long contiguous range; the
-    zero coefficients at triple edges keep neighbouring rows and triples apart.
+    zero coefficients at triple edges keep neighbouring rows and triples apart for finite input, and a
+    block with a non-finite result is recomputed inside its triples (:func:`_confine`).
     """
     work = _work_dtype(x)
     R = 3 * n
@@ -158,8 +183,6 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
     merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
     L = x.shape[ldim]
     step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
-    if x.device.type != "cpu":
-        step = max(L, 1)
     for i in range(0, L, step):
         m = min(step, L - i)
         xf = x.narrow(ldim, i, m)[..., :R].to(work)
@@ -167,11 +190,11 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
         cb = [c.narrow(ldim - (x.ndim - c.ndim), i, m) for c in coef]
         if merge:
             xf, ob, cb = xf.flatten(-2), ob.flatten(-2), [c.flatten(-2) for c in cb]
-        if ob.dtype == work:
-            _rotate_block(xf, cb, ob)
-        else:
-            tmp = torch.empty(xf.shape, dtype=work, device=x.device)
-            _rotate_block(xf, cb, tmp)
+        tmp = ob if ob.dtype == work else torch.empty(xf.shape, dtype=work, device=x.device)
+        _rotate_block(xf, cb, tmp)
+        if not bool(torch.isfinite(tmp.sum())):  # a cheap detector (a finite sum may overflow: harmless)
+            _confine(xf, cb, tmp)
+        if tmp is not ob:
             ob.copy_(tmp)
     return out
 
@@ -185,12 +208,13 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
     broadcasts ``x`` to a larger shape, the functional one; under ``torch.compile`` the per-channel form
     written for tracing (or the functional one when the rotation itself needs a gradient).
     """
-    n = _validate(x, rotation, seq_dim)
+    n, seq_dim = _validate(x, rotation, seq_dim)
     fields = (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)
     rotation_grad = torch.is_grad_enabled() and any(t.requires_grad for t in fields)
     if rotation_grad or (torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling()):
         return _rotate_functional(x, rotation, n, seq_dim)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
+        # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
         return _rotate_coeff_functional(x, _coefficients(rotation, _work_dtype(x), x.device), n, seq_dim)
     coef = [_broadcast(c, 0, seq_dim, x.ndim) for c in _coefficients(rotation, _work_dtype(x), x.device)]
     triples = x.shape[:-1] + (3 * n,)
@@ -209,17 +233,39 @@ def apply_geope_qk(
 class GeoPE:
     """GeoPE as a rotary object (``rotate(q, k, coords)``), usable wherever a :class:`ropekit.RoPE` is.
 
-    Not exactly relative (GeoPE §3.4); see :func:`ropekit.linear_geope_attention` for the variant that is.
+    ``coords`` is a tensor ``(L, A)``/``(B, L, A)`` with A = 1, 2 (h, w) or 3 (d, h, w), or a Layout /
+    layout string placed by ``design`` (default ``"rope2d"``: (row, col) of each grid, text on the
+    diagonal; ``"compact"`` gives (t, h, w) for videos). Not exactly relative (GeoPE §3.4); see
+    :func:`ropekit.linear_geope_attention` for the variant that is.
     """
 
-    def __init__(self, head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing") -> None:
+    def __init__(self, head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing",
+                 design: str = "rope2d", design_options: dict | None = None) -> None:
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 3:
             raise ValueError(f"GeoPE: `head_dim` must be an int >= 3 (one channel triple), got {head_dim!r}")
+        geope_frequencies(head_dim, lam, freq_style)  # checks lam and freq_style now, not at the first forward
+        options = {} if design_options is None else design_options
+        if not isinstance(options, dict):
+            raise TypeError(f"`design_options` must be a dict of the design's options, got {type(options).__name__}")
+        positions("T1", design, **options)  # checks the design and its options
         self.head_dim, self.lam, self.freq_style = head_dim, lam, freq_style
+        self.design, self.design_options = design, options
+
+    def __repr__(self) -> str:
+        return (f"GeoPE(head_dim={self.head_dim}, triples={self.head_dim // 3}, lam={self.lam!r}, "
+                f"freq_style={self.freq_style!r}, design={self.design!r})")
+
+    def coords(self, layout: "Layout | str") -> torch.Tensor:
+        """Token coordinates ``(L, A)`` of the layout under this rotary's design."""
+        return positions(layout, self.design, **self.design_options)
 
     def rotation(self, coords: torch.Tensor) -> GeoPERotation:
         """Per-token, per-triple rotations for coordinates ``(..., L, A)``; compute once per forward."""
         return geope_rotation(coords, self.head_dim, lam=self.lam, freq_style=self.freq_style)
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, coords: torch.Tensor, *, seq_dim: int = -2):
-        return apply_geope_qk(q, k, self.rotation(coords.to(q.device)), seq_dim=seq_dim)
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, coords: "torch.Tensor | Layout | str", *, seq_dim: int = -2):
+        """Rotate q and k (last dim ``head_dim``; ``seq_dim`` as in :meth:`ropekit.RoPE.rotate`) at ``coords``."""
+        check_qk(q, k, self.head_dim)
+        seq_dim = canonical_seq_dim(seq_dim, q.ndim)
+        coords = resolve_coords(coords, self.design, self.design_options, q.device)
+        return apply_geope_qk(q, k, self.rotation(coords), seq_dim=seq_dim)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..rotations.geope import geope_frequencies, lie_embedding
+from ._inputs import canonical_seq_dim
 
 __all__ = ["linear_geope_scores", "linear_geope_attention"]
 
@@ -39,7 +40,8 @@ def _as_batched(pos: torch.Tensor, name: str, length: int, batch: int) -> torch.
     if pos.ndim != 3:
         raise ValueError(f"`{name}` must be (L, A) or (B, L, A), got shape {tuple(pos.shape)}")
     if pos.shape[1] != length:
-        raise ValueError(f"`{name}` has {pos.shape[1]} positions but the sequence has {length} tokens")
+        raise ValueError(f"`{name}` has {pos.shape[1]} positions but the sequence has {length} tokens "
+                         f"(the sequence dim is chosen by `seq_dim`)")
     if pos.shape[0] not in (1, batch):
         raise ValueError(f"`{name}` has batch {pos.shape[0]} but q/k have batch {batch}")
     return pos
@@ -193,6 +195,11 @@ def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
 
 def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from):
     s = linear_geope_scores(q, k, pos_q, pos_k, freqs) * scale
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(s.sum())):
+        raise ValueError(
+            "the attention scores q·R·k · scale are not finite: q or k hold NaN/inf, or `scale` "
+            f"({scale:.3g}) is too large for these values"
+        )
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
     if causal_from is not None:
@@ -208,6 +215,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise TypeError(f"`{name}` must be a floating-point tensor, got {getattr(t, 'dtype', type(t))}")
         if t.ndim != 4:
             raise ValueError(f"`{name}` must be 4-D (B, H, L, D) (or (B, L, H, D) with seq_dim=1), got {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must have one dtype (as in scaled_dot_product_attention), got "
+                        f"`q` {q.dtype}, `k` {k.dtype}, `v` {v.dtype}")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(f"q, k, v must share batch and heads, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
@@ -237,16 +247,17 @@ def linear_geope_attention(
 ) -> torch.Tensor:
     """``softmax(S · scale) v`` with Linear GeoPE scores S (GeoPE §3.4, eq. 7), in query blocks.
 
-    ``q (B, H, Lq, D)``, ``k``/``v (B, H, Lk, ·)`` (or ``(B, L, H, D)`` with ``seq_dim=1``); positions
+    ``q (B, H, Lq, D)``, ``k``/``v (B, H, Lk, ·)`` (``seq_dim=-2`` or ``2``; or ``(B, L, H, D)`` with
+    ``seq_dim=1`` or ``-3``); positions
     ``(L, A)`` or ``(B, L, A)`` with A = 2 (h, w) or 3 (d, h, w) (A = 1 is the 1-D case); ``pos_k`` defaults
     to ``pos_q``. ``attn_mask`` follows ``scaled_dot_product_attention``: boolean (True = attend) or
     additive float, broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query i see keys 0 … i (may be
-    combined with a mask). ``scale`` defaults to ``1/√D``. Rows with every key masked give NaN, as in the
+    combined with a mask). ``scale`` (finite, > 0) defaults to ``1/√D``. Empty sequences give an empty
+    (Lq = 0) or zero (Lk = 0) output, as ``scaled_dot_product_attention`` does. Rows with every key masked give NaN, as in the
     reference attention. Peak extra memory is ``O(B·H·block_size·Lk·D/3)``, also in backward
     (``use_checkpoint``). Maths in float32; the output has q's dtype.
     """
-    if seq_dim not in (-2, 1):
-        raise ValueError(f"`seq_dim` must be -2 (B,H,L,D) or 1 (B,L,H,D), got {seq_dim}")
+    seq_dim = canonical_seq_dim(seq_dim, q.ndim if isinstance(q, torch.Tensor) else 4)
     if seq_dim == 1:
         q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     _check_qkv(q, k, v)
@@ -256,10 +267,19 @@ def linear_geope_attention(
         raise ValueError(f"`block_size` must be a positive int, got {block_size!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"`scale` must be a positive number or None (1/√head_dim), got {scale!r}")
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"`scale` must be a positive number or None (1/√head_dim), got {scale!r}")
+    elif not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"`scale` must be a finite number > 0 or None (1/√head_dim), got {scale!r}")
+    scale = float(scale)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"`is_causal` must be True or False, got {is_causal!r}")
     if freqs is None:
         freqs = geope_frequencies(D, lam, freq_style)
+    elif not isinstance(freqs, torch.Tensor) or freqs.ndim != 1 or not freqs.is_floating_point():
+        raise TypeError(f"`freqs` must be a 1-D floating tensor of per-triple frequencies or None, got {freqs!r}")
+    elif not bool(torch.isfinite(freqs).all()):
+        raise ValueError("`freqs` must be finite")
     elif 3 * freqs.numel() > D:
         raise ValueError(f"`freqs` covers {3 * freqs.numel()} channels but head_dim is {D}")
     pos_k = pos_q if pos_k is None else pos_k
@@ -281,6 +301,9 @@ def linear_geope_attention(
         if full != (B, H, Lq, Lk):
             raise ValueError(f"`attn_mask` {tuple(attn_mask.shape)} must broadcast to (B, H, Lq, Lk) = {(B, H, Lq, Lk)}")
         mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
+    if Lq == 0 or Lk == 0:  # as scaled_dot_product_attention: no queries, or attention over no keys = 0
+        out = torch.zeros(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
+        return out.transpose(1, 2) if seq_dim == 1 else out
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     vw = v.to(work)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))

@@ -1,13 +1,18 @@
 """Stage 4 — apply planar rotations to q and k (eager reference path).
 
-Conventions (SPEC §2): q/k are ``(B, H, L, D)`` (``seq_dim=-2``) or ``(B, L, H, D)`` (``seq_dim=1``);
+Conventions: q/k are ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``);
+``seq_dim`` is read as a PyTorch dim index and any other value is an error;
 channel layout ``"half"`` pairs (j, j + R/2), ``"interleaved"`` pairs (2j, 2j+1); ``R = 2·cos.shape[-1]``
 may be smaller than D (partial rotary: the tail passes through). Maths in float32 (or float64 for
 float64 input); the output has the input's dtype.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+from ._inputs import canonical_seq_dim
 
 __all__ = ["cos_sin", "apply_rotary", "apply_rotary_qk", "CHANNEL_LAYOUTS"]
 
@@ -16,6 +21,10 @@ CHANNEL_LAYOUTS = ("half", "interleaved")
 
 def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of float32 angles (computed once, shared by every layer that uses them)."""
+    if not isinstance(angles, torch.Tensor):
+        raise TypeError(f"cos_sin: `angles` must be a tensor (e.g. from ropekit.angles), got {type(angles).__name__}")
+    if not angles.is_floating_point():
+        raise TypeError(f"cos_sin: `angles` must be a floating-point tensor, got {angles.dtype}")
     a = angles.float() if angles.dtype != torch.float64 else angles
     return torch.cos(a), torch.sin(a)
 
@@ -31,29 +40,55 @@ def _broadcast(t: torch.Tensor, x: torch.Tensor, seq_dim: int) -> torch.Tensor:
     raise ValueError(f"cos/sin must have 2, 3 or 4 dims ((L,R/2), (B,L,R/2), (B,H,L,R/2)), got {tuple(t.shape)}")
 
 
-def _validate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int) -> int:
+def _validate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim, name: str = "x"
+) -> tuple[int, int]:
+    """Check one apply call on tensor ``name``; returns the rotary width and the canonical ``seq_dim`` (-2 or 1)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"apply_rotary: `x` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+        raise TypeError(f"apply_rotary: `{name}` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+    for arg, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(
+                f"apply_rotary: `{arg}` must be a floating-point tensor (L, R/2), (B, L, R/2) or (B, H, L, R/2) "
+                f"(from ropekit.cos_sin), got {getattr(t, 'dtype', type(t).__name__)}"
+            )
+        if t.ndim not in (2, 3, 4):
+            raise ValueError(
+                f"apply_rotary: `{arg}` must have 2, 3 or 4 dims ((L, R/2), (B, L, R/2), (B, H, L, R/2)), "
+                f"got shape {tuple(t.shape)}"
+            )
     if channels not in CHANNEL_LAYOUTS:
         raise ValueError(f"`channels` must be 'half' or 'interleaved', got {channels!r}")
-    if seq_dim not in (-2, 1, 2):
-        raise ValueError(f"`seq_dim` must be -2 (B,H,L,D) or 1 (B,L,H,D), got {seq_dim}")
-    if x.ndim != 4 and not (x.ndim == 3 and seq_dim == -2):
-        raise ValueError(f"`x` must be (B, H, L, D) or (B, L, H, D), got shape {tuple(x.shape)}")
+    seq_dim = canonical_seq_dim(seq_dim, x.ndim)
     if cos.shape != sin.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    _check_finite_cos_sin(cos, sin, x.dtype)
     D = x.shape[-1]
     rot = 2 * cos.shape[-1]
     if D % 2:
-        raise ValueError(f"head_dim must be even to rotate channel pairs, got head_dim={D}")
+        raise ValueError(f"head_dim must be even to rotate channel pairs, got head_dim={D} (last dim of `{name}`)")
     if rot > D:
         raise ValueError(
-            f"cos/sin cover {rot} channels but head_dim is {D}; build the frequencies with rotary_dim <= head_dim"
+            f"cos/sin cover {rot} channels but head_dim is {D} (last dim of `{name}`); build the frequencies "
+            f"with rotary_dim <= head_dim"
         )
-    L = x.shape[seq_dim if seq_dim != 2 else 1]
+    L = x.shape[seq_dim]
     if cos.shape[-2] != L:
-        raise ValueError(f"cos/sin have {cos.shape[-2]} positions but `x` has sequence length {L}")
-    return rot
+        raise ValueError(
+            f"cos/sin have {cos.shape[-2]} positions but `{name}` has sequence length {L} at dim {seq_dim} "
+            f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
+        )
+    return rot, seq_dim
+
+
+def _check_finite_cos_sin(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> None:
+    """cos/sin must be finite in the working precision (checked on CPU, where it costs no device sync)."""
+    if torch.compiler.is_compiling() or cos.device.type != "cpu" or cos.numel() == 0:
+        return
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    for arg, t in (("cos", cos), ("sin", sin)):
+        if not math.isfinite(float(t.detach().to(work).abs().amax())):
+            raise ValueError(f"apply_rotary: `{arg}` holds NaN or inf in {work}; positions or angles are not finite")
 
 
 def apply_rotary(
@@ -64,9 +99,12 @@ def apply_rotary(
     channels: str = "half",
     seq_dim: int = -2,
 ) -> torch.Tensor:
-    """Rotate channel pairs of ``x`` by the angles whose cos/sin are given (RoPE, Su et al. eq. 34)."""
-    seq_dim = 1 if seq_dim == 2 else seq_dim
-    rot = _validate(x, cos, sin, channels, seq_dim)
+    """Rotate channel pairs of ``x`` by the angles whose cos/sin are given (RoPE, Su et al. eq. 34).
+
+    ``seq_dim`` is the sequence dim of ``x``: ``-2``/``2`` for ``(B, H, L, D)``, ``1``/``-3`` for
+    ``(B, L, H, D)``; other values raise ``ValueError``.
+    """
+    rot, seq_dim = _validate(x, cos, sin, channels, seq_dim)
     dtype = x.dtype
     work = torch.float64 if dtype == torch.float64 else torch.float32
     c = _broadcast(cos.to(work), x, seq_dim)
@@ -94,6 +132,8 @@ def apply_rotary_qk(
     seq_dim: int = -2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys with the same cos/sin."""
+    _validate(q, cos, sin, channels, seq_dim, "q")
+    _validate(k, cos, sin, channels, seq_dim, "k")
     return (
         apply_rotary(q, cos, sin, channels=channels, seq_dim=seq_dim),
         apply_rotary(k, cos, sin, channels=channels, seq_dim=seq_dim),

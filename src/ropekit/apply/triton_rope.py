@@ -187,7 +187,7 @@ def apply_rotary_triton(
     channels: str = "half",
     seq_dim: int = -2,
 ) -> torch.Tensor:
-    """Rotate one tensor with the Triton kernel; inputs must already pass ``planar._validate``.
+    """Rotate one tensor with the Triton kernel (same arguments and checks as :func:`ropekit.apply_rotary`).
 
     Raises ``RuntimeError`` when Triton cannot run here (see :func:`available`); callers that want an
     automatic fallback use :func:`ropekit.apply.fused.apply_rotary_qk_fused`.
@@ -197,7 +197,9 @@ def apply_rotary_triton(
             "apply_rotary_triton needs triton and a CUDA tensor (or TRITON_INTERPRET=1); "
             "use ropekit.apply.fused.apply_rotary_qk_fused for an automatic fallback"
         )
-    seq_dim = 1 if seq_dim == 2 else seq_dim
+    from .planar import _validate
+
+    _, seq_dim = _validate(x, cos, sin, channels, seq_dim)
     c = expand_cos_sin(cos, x, seq_dim)
     s = expand_cos_sin(sin, x, seq_dim)
     if c is None or s is None:

@@ -12,7 +12,9 @@ __all__ = ["Rotary", "RotaryAttention", "TinyViT"]
 
 
 class Rotary(Protocol):
-    """Anything that rotates q/k ``(B, H, L, D)`` at coordinates ``(L, A)`` or ``(B, L, A)``."""
+    """Anything that rotates q/k ``(B, H, L, D)`` at coordinates ``(L, A)`` or ``(B, L, A)``: ropekit's
+    :class:`~ropekit.RoPE`, :class:`~ropekit.DirectionalRoPE`, :class:`~ropekit.MixedFrequencies` and
+    :class:`~ropekit.GeoPE` all do."""
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 

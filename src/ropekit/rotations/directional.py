@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import torch
 
-from .planar import _check_dim
+from .planar import MAX_AXES, _check_dim, check_count, check_seed, inv_freq
 
 __all__ = ["METHODS", "nd_directions", "directional_matrix", "primes", "sqrt_convergent"]
 
@@ -30,14 +30,8 @@ METHODS = ("sobol", "weyl", "ggr", "uniform", "golden", "random")
 _CF_METHODS = ("sobol", "weyl", "ggr", "uniform")
 # keeps the inverse normal CDF finite for a sample that is exactly 0 (possible for `uniform`)
 _TINY = 2.0**-53
-
-
-def _check_count(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}")
-    return value
+# at most this many direction coordinates (num · dims): each takes a prime and its continued fraction
+_MAX_ENTRIES = 1 << 16
 
 
 def primes(count: int) -> list[int]:
@@ -168,9 +162,15 @@ def nd_directions(
     normalisation; ``weyl`` and ``ggr`` are deterministic. ``golden`` (2-D only) gives angles
     ``j · π(1 − √5)``, j = 0 … num-1; ``random`` normalises seeded Gaussian vectors.
     """
-    _check_count(num, "num")
-    _check_count(dims, "dims")
+    check_count(num, "num", _MAX_ENTRIES)
+    check_count(dims, "dims", MAX_AXES)
+    if method in _CF_METHODS and num * dims > _MAX_ENTRIES:
+        raise ValueError(
+            f"`num` × `dims` = {num * dims} direction coordinates are too many for the continued-fraction "
+            f"step (one prime each; at most {_MAX_ENTRIES})"
+        )
     _check_method(method)
+    check_seed(seed)
     if isinstance(cf_terms, bool) or not isinstance(cf_terms, int) or cf_terms < 1:
         raise ValueError(f"`cf_terms` must be an int >= 1, got {cf_terms!r}")
     if not (isinstance(error, (int, float)) and math.isfinite(error) and error > 0):
@@ -206,15 +206,16 @@ def directional_matrix(
     error: float = 1e-4,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Frequency matrix ``W (dims, rotary_dim/2)`` with ``W[:, j] = ω_j u_j`` (SPEC §4).
+    """Frequency matrix ``W (dims, rotary_dim/2)`` with ``W[:, j] = ω_j u_j``; ``dtype`` a floating dtype.
 
     Magnitudes are the standard RoPE spectrum ``ω_j = base^{-2j/R}``, j = 0 … R/2-1 (the N-D paper's
     ``base_thetas``, base 10000); directions ``u_j`` are ``nd_directions(R/2, dims, method, …)``, the
     j-th direction for the j-th pair. Use with ``ropekit.angles(coords, W)`` for coords with ``dims`` axes.
     """
     _check_dim(rotary_dim)
-    if not (isinstance(base, (int, float)) and base > 0):
-        raise ValueError(f"`base` must be a number > 0, got {base!r}")
+    inv_freq(rotary_dim, base)  # checks base, including frequencies that underflow float32
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"`dtype` must be a floating torch.dtype such as torch.float32, got {dtype!r}")
     half = rotary_dim // 2
     u = nd_directions(half, dims, method, seed=seed, cf_terms=cf_terms, error=error)
     omega = float(base) ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from .planar import MAX_DIM, check_base, check_count
+
 __all__ = [
     "GEOPE_FREQ_STYLES",
     "GeoPERotation",
@@ -73,25 +75,32 @@ class GeoPERotation(NamedTuple):
         return self.vector.shape[-3]
 
 
-def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decreasing") -> torch.Tensor:
-    """Per-triple frequencies ``ω_i`` (float32, shape ``(n,)``, ``n = ⌊head_dim/3⌋``).
-
-    ``"decreasing"`` (default, SPEC §4): ``ω_i = λ^{-i/n}``, a spectrum from 1 down to ``λ^{-(n-1)/n}``
-    like axial RoPE's. ``"paper"``: the literal ``λ^{2i/d}`` of GeoPE §3.1 with ``d = head_dim`` and
-    ``i = 0 … n-1`` — increasing, which the spec reads as a typo but keeps for reproduction.
-    """
+def _check_head_dim(head_dim: int) -> None:
     if isinstance(head_dim, bool) or not isinstance(head_dim, int):
         raise TypeError(f"`head_dim` must be an int, got {type(head_dim).__name__}")
     if head_dim < 3:
         raise ValueError(f"GeoPE rotates channel triples: `head_dim` must be >= 3, got {head_dim}")
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not lam > 0:
-        raise ValueError(f"`lam` (the frequency base λ) must be a number > 0, got {lam!r}")
+    check_count(head_dim, "head_dim", MAX_DIM)
+
+
+def geope_frequencies(head_dim: int, lam: float = 100.0, freq_style: str = "decreasing") -> torch.Tensor:
+    """Per-triple frequencies ``ω_i`` (float32, shape ``(n,)``, ``n = ⌊head_dim/3⌋``).
+
+    ``"decreasing"`` (default): ``ω_i = λ^{-i/n}``, a spectrum from 1 down to ``λ^{-(n-1)/n}``
+    like axial RoPE's. ``"paper"``: the literal ``λ^{2i/d}`` of GeoPE §3.1 with ``d = head_dim`` and
+    ``i = 0 … n-1`` — increasing, which the spec reads as a typo but keeps for reproduction.
+    """
+    _check_head_dim(head_dim)
+    check_base(lam, "lam")
     if freq_style not in GEOPE_FREQ_STYLES:
         raise ValueError(f"`freq_style` must be one of {GEOPE_FREQ_STYLES}, got {freq_style!r}")
     n = head_dim // 3
     i = torch.arange(n, dtype=torch.float64)
     expo = -i / n if freq_style == "decreasing" else 2.0 * i / head_dim
-    return (float(lam) ** expo).to(torch.float32)
+    freqs = (float(lam) ** expo).to(torch.float32)
+    if not bool(torch.isfinite(freqs).all() and (freqs > 0).all()):
+        raise ValueError(f"`lam` = {lam!r} is too large: its frequencies leave the float32 range")
+    return freqs
 
 
 def _check_coords(coords: torch.Tensor, name: str = "coords") -> torch.Tensor:
@@ -202,17 +211,26 @@ def geope_rotation(
     float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
     Note: GeoPE is not exactly relative (see the module docstring).
     """
+    _check_head_dim(head_dim)
     if freqs is None:
         freqs = geope_frequencies(head_dim, lam, freq_style)
     else:
         if not isinstance(freqs, torch.Tensor) or freqs.ndim != 1 or freqs.numel() == 0:
             raise ValueError("`freqs` must be a non-empty 1-D tensor of per-triple frequencies")
+        if not freqs.is_floating_point() or not bool(torch.isfinite(freqs).all()):
+            raise ValueError("`freqs` must be finite floating-point per-triple frequencies")
         if 3 * freqs.numel() > head_dim:
             raise ValueError(
                 f"`freqs` has {freqs.numel()} triples ({3 * freqs.numel()} channels) but head_dim is {head_dim}"
             )
     vec = rotation_vectors(coords, freqs)
-    cos, sinc, versc = rodrigues_coefficients((vec * vec).sum(-1))
+    theta_sq = (vec * vec).sum(-1)
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(theta_sq).all()):
+        raise ValueError(
+            f"`coords` are too large: the GeoPE rotation angles overflow {theta_sq.dtype} "
+            f"(largest |coordinate| {float(coords.abs().max()):.3g}); positions must keep ω·p finite"
+        )
+    cos, sinc, versc = rodrigues_coefficients(theta_sq)
     with torch.no_grad():
         coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
     return GeoPERotation(vec, cos, sinc, versc, coeffs)

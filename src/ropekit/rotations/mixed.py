@@ -14,17 +14,18 @@ import math
 import torch
 from torch import nn
 
-from .planar import _check_dim, angles
+from ..apply._inputs import canonical_seq_dim, check_qk, resolve_coords
+from ..apply.fused import apply_rotary_qk_fused
+from ..apply.planar import cos_sin
+from ..designs.registry import positions
+from .planar import _check_dim, angles, check_base, check_count, check_seed
 
 __all__ = ["mixed_init", "MixedFrequencies"]
 
 
-def _check_positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}")
-    return value
+# per-layer sizes beyond any model's: a random rotation per head is a QR of num_axes × num_axes
+_MAX_HEADS = 1 << 12
+_MAX_AXES = 1 << 8
 
 
 def _random_rotation(dims: int, generator: torch.Generator) -> torch.Tensor:
@@ -54,20 +55,22 @@ def mixed_init(
     rotation ``Q_h`` per head (seeded by ``seed``).
     """
     _check_dim(rotary_dim)
-    _check_positive_int(num_heads, "num_heads")
-    _check_positive_int(num_axes, "num_axes")
-    if not (isinstance(theta, (int, float)) and theta > 0):
-        raise ValueError(f"`theta` must be a number > 0, got {theta!r}")
+    check_count(num_heads, "num_heads", _MAX_HEADS)
+    check_count(num_axes, "num_axes", _MAX_AXES)
+    check_base(theta, "theta")
+    check_seed(seed)
     half = rotary_dim // 2
     if half % num_axes:
         raise ValueError(
-            f"RoPE-Mixed splits rotary_dim/2 = {half} pairs evenly over {num_axes} axis directions; "
+            f"RoPE-Mixed splits rotary_dim/2 = {half} pairs evenly over num_axes = {num_axes} axis directions; "
             f"choose rotary_dim divisible by {2 * num_axes}"
         )
     n = half // num_axes
     gen = torch.Generator()
     gen.manual_seed(seed) if seed is not None else gen.seed()
     mag = float(theta) ** (-torch.arange(n, dtype=torch.float64) / n)  # (n,)
+    if float(mag[-1]) < torch.finfo(torch.float32).tiny:
+        raise ValueError(f"`theta` = {theta!r} is too large: its frequencies underflow float32")
     heads = []
     for _ in range(num_heads):
         q = _random_rotation(num_axes, gen)  # columns: the head's orthonormal directions
@@ -79,7 +82,9 @@ class MixedFrequencies(nn.Module):
     """Learnable per-head frequency matrix of one layer; ``forward(coords)`` gives the rotation angles.
 
     ``coords (L, A)`` or ``(B, L, A)`` → angles ``(H, L, R/2)`` or ``(B, H, L, R/2)`` via
-    :func:`ropekit.angles`; feed ``cos_sin(angles)`` to ``apply_rotary`` on ``(B, H, L, D)`` q/k.
+    :func:`ropekit.angles`. As a rotary object, ``rotate(q, k, coords)`` rotates ``(B, H, L, D)`` q/k
+    (``H = num_heads``, ``D >= rotary_dim``) like :meth:`ropekit.RoPE.rotate`; a Layout or layout string
+    is placed by ``design`` (default ``"rope2d"``, the (row, col) of each grid).
     """
 
     def __init__(
@@ -90,8 +95,13 @@ class MixedFrequencies(nn.Module):
         *,
         theta: float = 10.0,
         seed: int | None = None,
+        design: str = "rope2d",
+        design_options: dict | None = None,
     ) -> None:
         super().__init__()
+        self.design_options = {} if design_options is None else dict(design_options)
+        positions("T1", design, **self.design_options)  # checks the design and its options
+        self.design = design
         self.rotary_dim = rotary_dim
         self.num_heads = num_heads
         self.num_axes = num_axes
@@ -103,6 +113,22 @@ class MixedFrequencies(nn.Module):
         if coords.ndim not in (2, 3):
             raise ValueError(f"MixedFrequencies: `coords` must be (L, A) or (B, L, A), got shape {tuple(coords.shape)}")
         return angles(coords, self.freqs)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, coords, *, seq_dim: int = -2):
+        """Rotate q and k ``(B, H, L, D)`` (``seq_dim`` -2/2) or ``(B, L, H, D)`` (1/-3) with each head's
+        own frequencies; differentiable in the frequencies."""
+        check_qk(q, k)
+        seq_dim = canonical_seq_dim(seq_dim, q.ndim)
+        if q.ndim != 4:
+            raise ValueError(f"MixedFrequencies.rotate: `q` must be 4-D (B, H, L, D) or (B, L, H, D), got {tuple(q.shape)}")
+        hdim = 1 if seq_dim == -2 else 2
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[hdim] != self.num_heads:
+                raise ValueError(f"`{name}` has {t.shape[hdim]} heads but these frequencies have num_heads={self.num_heads}")
+        c, s = cos_sin(self(resolve_coords(coords, self.design, self.design_options, q.device)))
+        if c.ndim == 3:  # (H, L, R/2): one batch entry shared by all
+            c, s = c[None], s[None]
+        return apply_rotary_qk_fused(q, k, c, s, seq_dim=seq_dim)
 
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}, num_heads={self.num_heads}, num_axes={self.num_axes}"

@@ -1,7 +1,7 @@
 """Stage 3 — planar rotation family: every 2×2-rotation scheme is one frequency matrix ``W``.
 
 ``W`` has shape ``(A, R/2)`` (or ``(heads, A, R/2)`` for per-head schemes), ``R`` the rotary dim;
-the angle of frequency pair j for a token at coordinates ``c`` is ``c · W[:, j]`` (SPEC §1).
+the angle of frequency pair j for a token at coordinates ``c`` is ``c · W[:, j]``.
 Axial, M-RoPE sections, interleaved (Qwen3-VL), VRoPE groups and plain 1-D RoPE are one-hot
 columns; directional and mixed RoPE fill ``W`` densely.
 """
@@ -9,11 +9,40 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+import numbers
+
 import torch
 
-__all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS"]
+__all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_base", "check_sections"]
 
 ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial")
+
+
+# Upper bounds that keep absurd sizes from allocating gigabytes before anything else fails.
+MAX_DIM = 1 << 16  # rotary/head dims
+MAX_AXES = 1 << 10  # coordinate axes
+
+
+def check_count(value: int, name: str, most: int) -> int:
+    """An int in ``[1, most]`` (bools and other types are TypeErrors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {value}")
+    if value > most:
+        raise ValueError(f"`{name}` = {value} is too large (at most {most})")
+    return value
+
+
+def check_seed(seed) -> None:
+    """``None`` or an int in ``[0, 2**63)`` (what torch generators take)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int or None, got {seed!r}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"`seed` must be in [0, 2**63), got {seed}")
 
 
 def _check_dim(dim: int, name: str = "rotary_dim") -> int:
@@ -21,16 +50,34 @@ def _check_dim(dim: int, name: str = "rotary_dim") -> int:
         raise TypeError(f"`{name}` must be an int, got {type(dim).__name__}")
     if dim < 2 or dim % 2:
         raise ValueError(f"`{name}` must be a positive even number (channels rotate in pairs), got {dim}")
-    return dim
+    return check_count(dim, name, MAX_DIM)
+
+
+def check_base(base: float, name: str = "base") -> float:
+    """A frequency base must be a finite real number > 1.
+
+    Frequencies are ``base ** -e`` for exponents ``e`` in [0, 1): a base <= 1 makes them all equal
+    (base 1) or growing past 1 (base < 1, which aliases and overflows float32 for tiny bases), and a
+    non-finite base makes them NaN.
+    """
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number > 1, got {type(base).__name__}")
+    if not (math.isfinite(base) and base > 1):
+        raise ValueError(
+            f"`{name}` must be a finite number > 1 (frequencies are its powers {name}^-e, 0 <= e < 1), got {base!r}"
+        )
+    return float(base)
 
 
 def inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
     """Standard inverse frequencies ``base ** (-2j / dim)``, ``j = 0 … dim/2 - 1`` (float32)."""
     _check_dim(dim, "dim")
-    if not base > 0:
-        raise ValueError(f"`base` must be > 0, got {base}")
+    base = check_base(base)
     # same expression as the Hugging Face reference, so M-RoPE matches it bit for bit
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if not bool((freqs > 0).all()):
+        raise ValueError(f"`base` = {base!r} is too large: frequencies base^(-2j/{dim}) underflow to 0 in float32")
+    return freqs
 
 
 def _one_hot(axis_of: torch.Tensor, freqs: torch.Tensor, num_axes: int) -> torch.Tensor:
@@ -47,7 +94,10 @@ def frequency_matrix(
     base: float = 10000.0,
     sections: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Build ``W (num_axes, rotary_dim/2)`` for a named allocation (SPEC §4).
+    """Build ``W (num_axes, rotary_dim/2)`` for a named allocation.
+
+    Every axis receives at least one frequency: an ``"mrope"`` allocation needs at least ``num_axes``
+    sections (3 by default) and ``"interleaved"`` with ``sections`` exactly one section per axis.
 
     - ``"1d"``: one axis, standard RoPE.
     - ``"mrope"``: chunk i of ``sections`` (default ``[16, 24, 24]`` scaled to ``rotary_dim``) uses axis
@@ -59,8 +109,7 @@ def frequency_matrix(
       ``base ** (-j / n)`` over its ``n = rotary_dim / (2A)`` pairs (rope-vit axial).
     """
     _check_dim(rotary_dim)
-    if isinstance(num_axes, bool) or not isinstance(num_axes, int) or num_axes < 1:
-        raise ValueError(f"`num_axes` must be an int >= 1, got {num_axes!r}")
+    check_count(num_axes, "num_axes", MAX_AXES)
     half = rotary_dim // 2
     if allocation not in ALLOCATIONS:
         raise ValueError(f"unknown allocation {allocation!r}; choose one of {', '.join(ALLOCATIONS)}")
@@ -79,12 +128,23 @@ def frequency_matrix(
                 )
             sections = [half // 4, 3 * half // 8, 3 * half // 8]
         sections = _check_sections(sections, half)
+        if len(sections) < num_axes:
+            raise ValueError(
+                f"allocation 'mrope' with {len(sections)} sections {sections} gives frequencies to "
+                f"{len(sections)} axes but the coordinates have num_axes={num_axes}; pass one section per axis "
+                f"(`sections`) or another allocation ('interleaved', 'axial', 'vrope')"
+            )
         axis_of = torch.repeat_interleave(torch.arange(len(sections)) % num_axes, torch.tensor(sections))
         return _one_hot(axis_of, freqs, num_axes)
     if allocation == "interleaved":
         axis_of = j % num_axes
         if sections is not None:
             sections = _check_sections(sections, half)
+            if len(sections) != num_axes:
+                raise ValueError(
+                    f"allocation 'interleaved' takes one of `sections` per axis: got {len(sections)} sections "
+                    f"{sections} for num_axes={num_axes}"
+                )
             axis_of = torch.zeros(half, dtype=torch.long)
             for a in range(1, min(len(sections), num_axes)):
                 axis_of[a : sections[a] * num_axes : num_axes] = a
@@ -102,9 +162,24 @@ def frequency_matrix(
     return _one_hot(torch.arange(num_axes).repeat_interleave(n), per_axis.float().repeat(num_axes), num_axes)
 
 
+def check_sections(sections: Sequence[int]) -> list[int]:
+    """``sections`` as a list of Python ints; floats (even 3.0), bools and other types are refused, not truncated."""
+    if isinstance(sections, torch.Tensor):
+        if sections.ndim != 1 or sections.is_floating_point() or sections.dtype == torch.bool:
+            raise TypeError(f"`sections` must be a 1-D integer tensor or a list of ints, got {sections!r}")
+        sections = sections.tolist()
+    if isinstance(sections, (str, bytes)) or not hasattr(sections, "__iter__"):
+        raise TypeError(f"`sections` must be a sequence of ints such as [16, 24, 24], got {sections!r}")
+    secs = list(sections)
+    bad = [s for s in secs if isinstance(s, bool) or not isinstance(s, numbers.Integral)]
+    if bad:
+        raise TypeError(f"`sections` must hold ints (numbers of frequency pairs), got {list(secs)!r}")
+    return [int(s) for s in secs]
+
+
 def _check_sections(sections: Sequence[int], half: int) -> list[int]:
-    secs = [int(s) for s in sections]
-    if any(s < 0 for s in secs) or sum(secs) != half:
+    secs = check_sections(sections)
+    if not secs or any(s < 0 for s in secs) or sum(secs) != half:
         raise ValueError(
             f"`sections` {list(sections)} must be non-negative and sum to rotary_dim/2 = {half} "
             f"(e.g. [16, 24, 24] for head_dim 128)"
@@ -119,18 +194,37 @@ def angles(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     it gives ``(..., H, L, R/2)``. The product is taken elementwise and summed over the axes so
     one-hot columns reproduce ``position * inv_freq`` exactly (no TF32, no re-association).
     """
-    if not isinstance(coords, torch.Tensor) or not isinstance(W, torch.Tensor):
-        raise TypeError("angles: `coords` and `W` must be tensors")
+    for name, t, dims in (("coords", coords, "(..., L, A)"), ("W", W, "(A, R/2) or (H, A, R/2)")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"angles: `{name}` must be a tensor {dims}, got {type(t).__name__}")
+        if t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"angles: `{name}` must hold real numbers, got {t.dtype}")
+    if coords.ndim < 2:
+        raise ValueError(f"angles: `coords` must have shape (..., L, A), got {tuple(coords.shape)}; "
+                         f"for 1-D positions use coords[:, None]")
+    if W.ndim not in (2, 3):
+        raise ValueError(f"angles: `W` must have shape (A, R/2) or (H, A, R/2), got {tuple(W.shape)}")
     if coords.shape[-1] != W.shape[-2]:
         raise ValueError(
-            f"angles: coords have {coords.shape[-1]} axes but W expects {W.shape[-2]}; "
-            f"build W with num_axes={coords.shape[-1]} or use the design's allocation"
+            f"angles: coords have {coords.shape[-1]} axes but W expects {W.shape[-2]}; `coords` and `W` must "
+            f"agree: build W with num_axes={coords.shape[-1]} or use the design's allocation"
         )
     work = torch.float64 if torch.float64 in (coords.dtype, W.dtype) else torch.float32
     c = coords.to(work)
     Wf = W.to(work)
+    _check_finite(c, "coords", "positions must be finite numbers")
+    _check_finite(Wf, "W", "frequencies must be finite numbers")
     if W.ndim == 3:  # per head: (..., L, A) -> (..., 1, L, A, 1) * (H, 1, A, R/2)
-        return (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
-    if W.shape[-2] == 1:
-        return c * Wf[0]
-    return (c[..., None] * Wf).sum(-2)
+        out = (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
+    elif W.shape[-2] == 1:
+        out = c * Wf[0]
+    else:
+        out = (c[..., None] * Wf).sum(-2)
+    _check_finite(out, "coords", f"the angles coords·W overflow {work}; positions are too large for these frequencies")
+    return out
+
+
+def _check_finite(t: torch.Tensor, name: str, why: str) -> None:
+    """Raise a ValueError naming ``name`` if ``t`` holds NaN/inf (not while tracing: no data-dependent branch)."""
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"angles: `{name}` gives NaN or inf; {why}")
