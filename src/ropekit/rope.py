@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .apply.fused import apply_rotary_qk_fused
+from .apply.fused import apply_rotary_fused, apply_rotary_qk_fused
 from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
 from .layout import Layout
@@ -97,6 +97,8 @@ class RoPE:
         if torch.isnan(coords).any():
             raise ValueError("`coords` contain NaN; positions must be finite numbers")
         W = self.frequencies(coords.shape[-1]).to(coords.device)
+        if W.ndim == 3 and coords.ndim == 2:  # per-head W: keep a batch axis, (1, H, L, R/2)
+            coords = coords[None]
         return cos_sin(angles(coords, W))
 
     def rotate(
@@ -110,4 +112,25 @@ class RoPE:
         if not isinstance(coords, torch.Tensor):
             coords = self.coords(coords).to(q.device)
         cos, sin = self.cos_sin(coords)
+        if cos.ndim == 4 and cos.shape[1] != 1:  # per-head tables (MHRoPE): one per KV head, shared by its group
+            cq, sq = (_per_head(t, q, seq_dim, "q") for t in (cos, sin))
+            ck, sk = (_per_head(t, k, seq_dim, "k") for t in (cos, sin))
+            return (apply_rotary_fused(q, cq, sq, channels=self.channels, seq_dim=seq_dim),
+                    apply_rotary_fused(k, ck, sk, channels=self.channels, seq_dim=seq_dim))
         return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
+
+
+def _per_head(table: torch.Tensor, x: torch.Tensor, seq_dim: int, name: str) -> torch.Tensor:
+    """Per-head cos/sin ``(B, G, L, R/2)`` for a tensor with ``H`` heads: as is when ``G == H``, each table
+    repeated for ``H / G`` consecutive heads otherwise (grouped-query attention: query head i uses KV head
+    ``i // (H / G)``)."""
+    heads = x.shape[1] if seq_dim == -2 else x.shape[2]
+    groups = table.shape[1]
+    if groups == heads:
+        return table
+    if heads % groups:
+        raise ValueError(
+            f"RoPE.rotate: the frequencies have {groups} per-head tables but `{name}` has {heads} heads; the head "
+            f"count must be a multiple of {groups} (set the allocation's head sections to the number of KV heads)"
+        )
+    return table.repeat_interleave(heads // groups, dim=1)

@@ -11,9 +11,11 @@ from typing import Sequence
 
 import torch
 
+from .published import PUBLISHED, published_matrix
+
 __all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS"]
 
-ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial")
+ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial") + PUBLISHED
 
 
 def _check_dim(dim: int, name: str = "rotary_dim") -> int:
@@ -57,6 +59,8 @@ def frequency_matrix(
     - ``"vrope"``: frequency k uses coordinate ``k mod A`` (VRoPE's interleaved groups).
     - ``"axial"``: the frequencies split into A contiguous equal chunks, each a full spectrum
       ``base ** (-j / n)`` over its ``n = rotary_dim / (2A)`` pairs (rope-vit axial).
+    - published multimodal variants (``"mrope-interleave"``, ``"videorope"``, ``"hope"``, ``"mmrope"``,
+      ``"mhrope"`` per head, …): see :mod:`ropekit.rotations.published`.
     """
     _check_dim(rotary_dim)
     if isinstance(num_axes, bool) or not isinstance(num_axes, int) or num_axes < 1:
@@ -69,6 +73,8 @@ def frequency_matrix(
             raise ValueError(f"allocation '1d' takes 1 axis, got num_axes={num_axes}; use 'mrope', 'axial' …")
         return inv_freq(rotary_dim, base)[None, :]
     freqs = inv_freq(rotary_dim, base)
+    if allocation in PUBLISHED:
+        return published_matrix(allocation, freqs, num_axes, sections)
     j = torch.arange(half)
     if allocation == "mrope":
         if sections is None:
