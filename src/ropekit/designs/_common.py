@@ -33,3 +33,20 @@ def frame_grid(h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
     cols = torch.arange(w, dtype=torch.float64).repeat(h)
     return rows, cols
+
+
+def frame_tokens(segments, design: str):
+    """Every vision segment as a run of ``h × w`` frames (an image is one frame), token by token.
+
+    Returns, per token, its segment, frame, row and column ``(Σ n,)`` (segment int64, the rest
+    float64), and per segment its frames ``t``, rows ``h`` and columns ``w`` ``(S,)`` int64. The
+    designs of the Multimodal-RoPEs collection treat each video frame as a block of its own.
+    """
+    from .registry import block_rows, video_blocks  # registry imports this module
+
+    t, h, w, _ = video_blocks(segments, design)
+    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    seg = row_block.index_select(0, token_row)
+    frame = row_frame.index_select(0, token_row).to(torch.float64)
+    row = row_index.index_select(0, token_row).to(torch.float64)
+    return seg, frame, row, token_col.to(torch.float64), t, h, w
