@@ -532,3 +532,33 @@ def test_videorope_decoding_continues_where_text_would():
     nxt = ropekit.decode_positions(delta, 19, 1, 3)
     assert torch.equal(nxt[:, 0, 0], full[-1])
     assert full[:-1].max() + 1 > full[-1, 0]  # the overall max of the prompt + 1 would skip a position
+
+
+# --------------------------------------------------------------------------------------------------
+# the variants table in docs/designs.md states facts: check them
+
+
+def _doc_rows():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "designs.md").read_text()
+    section = text.split("## Published multimodal variants", 1)[1]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| `")]
+    return {r[0].strip().strip("`"): [c.strip() for c in r] for r in rows}
+
+
+def _shift_invariant(design, **opts):
+    lay = "T2 I3x4 T3 V2x2x2 T2 I2x5 T1"
+    a, b = positions(lay, design, **opts).double(), positions("T3 " + lay, design, **opts)[3:].double()
+    return bool(torch.allclose(b - a, torch.full_like(a, 3.0), rtol=0, atol=1e-5))
+
+
+def test_docs_table_ptd_and_shift_invariance_are_true():
+    rows = _doc_rows()
+    assert sorted(rows) == sorted(NEW)
+    for name, cells in rows.items():
+        assert float(cells[5]) == pytest.approx(ropekit.layout_ptd("I3x3 T5", name), abs=5e-4), name
+        claim = cells[4]
+        assert _shift_invariant(name) == claim.startswith("yes"), name
+    assert not _shift_invariant("mrope-i", spatial_reset=True)  # "no with spatial_reset=True"
+    assert _shift_invariant("mhrope", spatial_reset=False)  # "yes without"
