@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_tokens
+from ._common import frame_rows
 from .registry import register, walk
 
 __all__ = ["mmrope", "mmrope_blocks"]
@@ -36,10 +36,11 @@ def mmrope_blocks(segments: Sequence[Segment], position_scale: Sequence[float] =
     """MMRoPE block rule: frame f of a block starts ``f`` frame steps after it, a frame step being
     ``max(σ_h·(h−1), σ_w·(w−1)) + 1``; token (r, c) at ``(0, σ_h·r, σ_w·c)`` from the frame start."""
     _, sh, sw = _check_scale(position_scale)
-    seg, frame, row, col, t, h, w = frame_tokens(segments, "mmrope")
+    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "mmrope")
     step = torch.maximum(sh * (h - 1).to(torch.float64), sw * (w - 1).to(torch.float64)) + 1.0
     start = frame * step.index_select(0, seg)
-    offsets = torch.stack([start, start + sh * row, start + sw * col], dim=1)
+    offsets = torch.stack([start, start + sh * row, start], dim=1).index_select(0, token_row)
+    offsets[:, 2] += sw * col
     return offsets, (t.to(torch.float64) * step)[:, None].expand(-1, 3).contiguous()
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_tokens
+from ._common import frame_rows
 from .registry import register, walk
 
 __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
@@ -34,11 +34,12 @@ def _check_positive(value: float, name: str, design: str) -> float:
 def diagonal_blocks(segments: Sequence[Segment], stride: float, design: str):
     """Centred diagonal block rule: frame f at time ``f·stride``, token (i, j) at ``t + i − ⌊(H−1)/2⌋``,
     ``t + j − ⌊(W−1)/2⌋``; the start advances by ``(T−1)·stride + 1``."""
-    seg, frame, row, col, t, h, w = frame_tokens(segments, design)
+    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, design)
     time = frame * stride
     row_shift = torch.div(h - 1, 2, rounding_mode="floor").to(torch.float64).index_select(0, seg)
     col_shift = torch.div(w - 1, 2, rounding_mode="floor").to(torch.float64).index_select(0, seg)
-    offsets = torch.stack([time, time + row - row_shift, time + col - col_shift], dim=1)
+    offsets = torch.stack([time, time + row - row_shift, time - col_shift], dim=1).index_select(0, token_row)
+    offsets[:, 2] += col
     advance = ((t - 1).to(torch.float64) * stride + 1.0)[:, None].expand(-1, 3).contiguous()
     return offsets, advance
 
