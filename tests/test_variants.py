@@ -32,37 +32,42 @@ def frames(seg):
     return (seg.t, seg.h, seg.w) if isinstance(seg, Video) else (1, seg.h, seg.w)
 
 
-def walk_mrope_i(layout, spatial_reset=False):
-    """MRoPE-I: each frame a block at s: (s, s+r, s+c) or, reset, (s, r, c); text resumes at s + max(h, w)."""
+def walk_3d(layout, place):
+    """Text on the diagonal from the running start p; ``place(seg, p)`` gives a vision segment's coordinates
+    (one tuple per token) and the next p."""
     out, p = [], 0
     for seg in layout:
         if isinstance(seg, Text):
             out += [(p + k,) * 3 for k in range(seg.n)]
             p += seg.n
-            continue
-        t, h, w = frames(seg)
-        for _ in range(t):
-            for r in range(h):
-                for c in range(w):
-                    out.append((p, r, c) if spatial_reset else (p, p + r, p + c))
-            p += max(h, w)
+        else:
+            coords, p = place(seg, p)
+            out += coords
     return out
+
+
+def walk_mrope_i(layout, spatial_reset=False):
+    """MRoPE-I: each frame a block at s: (s, s+r, s+c) or, reset, (s, r, c); text resumes at s + max(h, w)."""
+    def place(seg, p):
+        t, h, w = frames(seg)
+        out = []
+        for _ in range(t):
+            out += [(p, r, c) if spatial_reset else (p, p + r, p + c) for r in range(h) for c in range(w)]
+            p += max(h, w)
+        return out, p
+    return walk_3d(layout, place)
 
 
 def walk_videorope(layout, stride):
     """VideoRoPE: frame f at t = s + f·δ, h = t + i − (H−1)//2, w = t + j − (W−1)//2; text at s + (T−1)δ + 1."""
-    out, p = [], 0
-    for seg in layout:
-        if isinstance(seg, Text):
-            out += [(p + k,) * 3 for k in range(seg.n)]
-            p += seg.n
-            continue
+    def place(seg, p):
         t, h, w = frames(seg)
+        out = []
         for f in range(t):
             tt = p + f * stride
             out += [(tt, tt + i - (h - 1) // 2, tt + j - (w - 1) // 2) for i in range(h) for j in range(w)]
-        p = p + (t - 1) * stride + 1
-    return out
+        return out, p + (t - 1) * stride + 1
+    return walk_3d(layout, place)
 
 
 def walk_v2pe(layout, delta):
@@ -95,18 +100,15 @@ def walk_v2pe_public(layout, stride):
 
 def walk_mmrope(layout, sh, sw):
     """MMRoPE: each frame a block at s: (s, s + σh·r, s + σw·c); the next starts at the block max + 1."""
-    out, p = [], 0.0
-    for seg in layout:
-        if isinstance(seg, Text):
-            out += [(p + k,) * 3 for k in range(seg.n)]
-            p += seg.n
-            continue
+    def place(seg, p):
         t, h, w = frames(seg)
+        out = []
         for _ in range(t):
             block = [(p, p + sh * r, p + sw * c) for r in range(h) for c in range(w)]
             out += block
             p = max(max(x) for x in block) + 1
-    return out
+        return out, p
+    return walk_3d(layout, place)
 
 
 def random_layout(rng):
