@@ -564,3 +564,15 @@ def test_docs_table_ptd_and_shift_invariance_are_true():
         assert _shift_invariant(name) == claim.startswith("yes"), name
     assert not _shift_invariant("mrope-i", spatial_reset=True)  # "no with spatial_reset=True"
     assert _shift_invariant("mhrope", spatial_reset=False)  # "yes without"
+
+
+def test_mhrope_kernel_is_the_mean_of_its_heads():
+    """Isotropic q = k: a head rotating every pair by one axis has kernel mean_j cos(Δ_axis·ω_j); a head
+    with no rotation has kernel 1; MHRoPE's kernel averages its heads."""
+    bias = ropekit.attention_bias_map("T2 V2x2x3 T3", "mhrope", head_dim=16)
+    coords = positions("T2 V2x2x3 T3", "mhrope").double()
+    inv = 1e4 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    text, video = coords[-3:], coords[2:14]
+    per_axis = [torch.cos((video[None, :, a] - text[:, None, a])[..., None] * inv).mean(-1).mean(0) for a in range(3)]
+    want = (2 * per_axis[0] + 3 * per_axis[1] + 3 * per_axis[2]) / 8  # default heads 2/3/3
+    torch.testing.assert_close(bias.reshape(-1).double(), want, rtol=0, atol=1e-6)
