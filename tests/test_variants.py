@@ -576,3 +576,11 @@ def test_mhrope_kernel_is_the_mean_of_its_heads():
     per_axis = [torch.cos((video[None, :, a] - text[:, None, a])[..., None] * inv).mean(-1).mean(0) for a in range(3)]
     want = (2 * per_axis[0] + 3 * per_axis[1] + 3 * per_axis[2]) / 8  # default heads 2/3/3
     torch.testing.assert_close(bias.reshape(-1).double(), want, rtol=0, atol=1e-6)
+
+
+def test_apply_rejects_per_head_tables_that_do_not_match_the_heads():
+    cos = torch.ones(1, 3, 5, 4)
+    with pytest.raises(ValueError, match="3 per-head tables but `x` has 6 heads"):
+        ropekit.apply_rotary(torch.randn(2, 6, 5, 8), cos, cos)
+    with pytest.raises(ValueError, match="per-head tables"):
+        ropekit.apply_rotary_qk_fused(torch.randn(2, 5, 6, 8), torch.randn(2, 5, 6, 8), cos, cos, seq_dim=1)
