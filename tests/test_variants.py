@@ -584,3 +584,18 @@ def test_apply_rejects_per_head_tables_that_do_not_match_the_heads():
         ropekit.apply_rotary(torch.randn(2, 6, 5, 8), cos, cos)
     with pytest.raises(ValueError, match="per-head tables"):
         ropekit.apply_rotary_qk_fused(torch.randn(2, 5, 6, 8), torch.randn(2, 5, 6, 8), cos, cos, seq_dim=1)
+
+
+def test_hope_index_draws_one_scale_per_sample_like_positions_would():
+    from ropekit.designs.hope import hope_index
+
+    types = torch.tensor([[0, 0] + [2] * 12 + [0, 0]] * 6)  # one 3-frame 2x2 video per sample
+    videos = [[3, 4, 4]] * 6
+    pos, delta, drawn = hope_index(None, types, None, videos, scales=(0.5, 1.0, 1.5), generator=7)
+    g = torch.Generator().manual_seed(7)
+    for b in range(6):
+        own = positions("T2 V3x2x2 T2", "hope", scales=(0.5, 1.0, 1.5), generator=g)
+        assert torch.equal(pos[:, b], own.T)
+        assert torch.equal(own, positions("T2 V3x2x2 T2", "hope", temporal_scale=float(drawn[b])))
+        assert delta[b, 0].item() == pytest.approx(own[:, 0].max().item() + 1 - 16)
+    assert len(set(drawn.tolist())) > 1
