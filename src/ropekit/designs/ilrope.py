@@ -1,4 +1,4 @@
-"""IL-RoPE (interleaved-layout RoPE, as collected in Multimodal-RoPEs): every image or frame at
+"""IL-RoPE (as collected in the public Multimodal-RoPEs code): every image or frame at
 ``(shift, row, col)`` with ``shift`` the running sequence position; text on the diagonal.
 
 A frame of ``h × w`` tokens whose block starts at ``shift`` places token (r, c) at ``(shift, r, c)``

@@ -1,5 +1,6 @@
 """Omni-RoPE (as collected in Multimodal-RoPEs): IL-RoPE's ``(shift, local row, local col)`` positions
-with the chunked M-RoPE frequency allocation (t on the highest-frequency sixteenth … see ``"mrope"``)."""
+with the chunked M-RoPE frequency allocation (``"mrope"``: t on the highest-frequency quarter of the pairs,
+then h, then w)."""
 from __future__ import annotations
 
 import torch
