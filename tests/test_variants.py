@@ -599,3 +599,20 @@ def test_hope_index_draws_one_scale_per_sample_like_positions_would():
         assert torch.equal(own, positions("T2 V3x2x2 T2", "hope", temporal_scale=float(drawn[b])))
         assert delta[b, 0].item() == pytest.approx(own[:, 0].max().item() + 1 - 16)
     assert len(set(drawn.tolist())) > 1
+
+
+def test_patch_model_refuses_a_per_head_allocation_clearly():
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    cfg = Qwen2VLConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=80, num_hidden_layers=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                           patch_size=2, temporal_patch_size=2),
+    )
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    with pytest.raises(ValueError, match="per-head allocation 'mhrope'"):
+        ropekit.patch_model(model, "mhrope")
+    ropekit.patch_model(model, "mhrope", allocation="mrope-interleave")  # its positions with a shared allocation
+    ropekit.unpatch_model(model)
