@@ -15,9 +15,10 @@ from pathlib import Path
 from . import apply as apply_bench
 from . import geope as geope_bench
 from . import index as index_bench
+from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope")
+SUITES = ("apply", "index", "geope", "variants")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if "geope" in suites:
         res = geope_bench.run(quick=args.quick, repeat=repeat, compile_=not args.no_compile, log=log)
         _write(args.out / "geope.json", {**header, "results": res})
+    if "variants" in suites:
+        res = variants_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "variants.json", {**header, "results": res})
     return 0
 
 

@@ -193,6 +193,11 @@ def rope_index(
         pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas)
     else:
         pos, delta = _index_per_layout(types, valid, images, videos, intervals, design, design_options, per_axis_deltas)
+    axes = get_design(design).delta_axes
+    if axes is not None and not per_axis_deltas:  # text continues after the max of these axes only
+        top = pos[list(axes)].masked_fill(~valid, -torch.inf).amax(dim=(0, 2)).double()
+        n_valid = valid.sum(dim=1).double()
+        delta = torch.where(n_valid > 0, top + 1.0 - n_valid, 0.0).to(torch.float32)[:, None]
     return pos.to(device), delta.to(device)
 
 
@@ -382,7 +387,8 @@ def _index_by_rule(
         seg_block[seg_vis] = block_of_grid[seg_grid[seg_vis]]
 
     # every distinct block placed once by the design's rule
-    offsets, advance = rule(blocks, **design_options)
+    placed = rule(blocks, **design_options)
+    offsets, advance = placed[0], placed[1]
     axes = advance.shape[1]
     block_len = torch.tensor([math.prod(k[:3]) for k in keys], dtype=torch.int64)
     if blocks:
@@ -400,6 +406,8 @@ def _index_by_rule(
     steps[seg_sample, rank + 1] = step
     start = steps.cumsum_(dim=1)[seg_sample, rank]  # sequential sums, as the walk does them
     start[seg_pad] = 0.0
+    if len(placed) > 2:  # absolute axes of vision blocks do not add the start (see designs.registry)
+        start[seg_vis] = start[seg_vis] * (~placed[2]).to(torch.float64)
 
     # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
     pad_max = int(seg_len[seg_pad].max()) if seg_pad.any() else 0

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from .apply._inputs import canonical_seq_dim, check_finite_coords, check_qk, resolve_coords
-from .apply.fused import apply_rotary_qk_fused
+from .apply.fused import apply_rotary_fused, apply_rotary_qk_fused
 from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
 from .layout import Layout
@@ -126,6 +126,8 @@ class _PlanarRotary:
         coords = resolve_coords(coords, self.design, self.design_options, coords.device)
         check_finite_coords(coords)
         W = self._frequencies_for(coords.shape[-1], self._seq_len(coords)).to(coords.device)
+        if W.ndim == 3 and coords.ndim == 2:  # per-head W: keep a batch axis, (1, H, L, R/2)
+            coords = coords[None]
         cos, sin = cos_sin(angles(coords, W))
         scale = self.attention_scaling
         return (cos, sin) if scale == 1.0 else (cos * scale, sin * scale)
@@ -143,6 +145,11 @@ class _PlanarRotary:
         check_qk(q, k, self.head_dim)
         seq_dim = canonical_seq_dim(seq_dim, q.ndim)
         cos, sin = self.cos_sin(resolve_coords(coords, self.design, self.design_options, q.device))
+        if cos.ndim == 4 and cos.shape[1] != 1:  # per-head tables (MHRoPE): one per KV head, shared by its group
+            cq, sq = (_per_head(t, q, seq_dim, "q") for t in (cos, sin))
+            ck, sk = (_per_head(t, k, seq_dim, "k") for t in (cos, sin))
+            return (apply_rotary_fused(q, cq, sq, channels=self.channels, seq_dim=seq_dim),
+                    apply_rotary_fused(k, ck, sk, channels=self.channels, seq_dim=seq_dim))
         return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
 
 
@@ -277,3 +284,19 @@ class DirectionalRoPE(_PlanarRotary):
     def __repr__(self) -> str:
         return (f"DirectionalRoPE(head_dim={self.head_dim}, dims={self.dims}, method={self.method!r}, "
                 f"rotary_dim={self.rotary_dim}, base={self.base!r}, seed={self.seed!r}, channels={self.channels!r})")
+
+
+def _per_head(table: torch.Tensor, x: torch.Tensor, seq_dim: int, name: str) -> torch.Tensor:
+    """Per-head cos/sin ``(B, G, L, R/2)`` for a tensor with ``H`` heads: as is when ``G == H``, each table
+    repeated for ``H / G`` consecutive heads otherwise (grouped-query attention: query head i uses KV head
+    ``i // (H / G)``)."""
+    heads = x.shape[1] if seq_dim == -2 else x.shape[2]
+    groups = table.shape[1]
+    if groups == heads:
+        return table
+    if heads % groups:
+        raise ValueError(
+            f"RoPE.rotate: the frequencies have {groups} per-head tables but `{name}` has {heads} heads; the head "
+            f"count must be a multiple of {groups} (set the allocation's head sections to the number of KV heads)"
+        )
+    return table.repeat_interleave(heads // groups, dim=1)

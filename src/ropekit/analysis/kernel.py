@@ -16,8 +16,13 @@ __all__ = ["expected_kernel", "kernel_between", "monte_carlo_kernel"]
 def expected_kernel(delta: torch.Tensor, W: torch.Tensor, passthrough: int = 0) -> torch.Tensor:
     """Exact expected kernel for coordinate differences ``delta (..., A)`` under ``W (A, R/2)``.
 
-    ``passthrough`` counts un-rotated channel pairs (partial rotary), each contributing 1.
+    ``passthrough`` counts un-rotated channel pairs (partial rotary), each contributing 1. A per-head
+    ``W (H, A, R/2)`` (MHRoPE) gives the mean over heads of each head's kernel.
     """
+    if W.ndim == 3:
+        flat = delta.reshape(-1, delta.shape[-1])
+        heads = torch.stack([expected_kernel(flat, Wh, passthrough) for Wh in W])
+        return heads.mean(0).reshape(delta.shape[:-1])
     phi = angles(delta.to(torch.float64), W.to(torch.float64))
     n = phi.shape[-1]
     return (torch.cos(phi).sum(-1) + passthrough) / (n + passthrough)

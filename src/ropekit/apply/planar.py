@@ -72,6 +72,12 @@ def _validate(
             f"cos/sin cover {rot} channels but head_dim is {D} (last dim of `{name}`); build the frequencies "
             f"with rotary_dim <= head_dim"
         )
+    heads = x.shape[1] if seq_dim == -2 else x.shape[2]
+    if cos.ndim == 4 and x.ndim == 4 and cos.shape[1] not in (1, heads):
+        raise ValueError(
+            f"cos/sin have {cos.shape[1]} per-head tables but `x` has {heads} heads; give one table per head "
+            f"(repeat each KV head's table over its query group, as ropekit.RoPE.rotate does) or a single one"
+        )
     L = x.shape[seq_dim]
     if cos.shape[-2] != L:
         raise ValueError(

@@ -3,5 +3,8 @@ from .registry import Design, designs, get_design, positions, register
 
 # importing a design module registers it
 from . import vanilla, shared, mrope, compact, rope2d, vrope, circle  # noqa: E402,F401
+from . import mrope_interleave, mhrope, ilrope, omnirope  # noqa: E402,F401
+from . import videorope, hope  # noqa: E402,F401
+from . import v2pe, mmrope, peer_names  # noqa: E402,F401
 
 __all__ = ["Design", "designs", "get_design", "positions", "register"]

@@ -33,3 +33,21 @@ def frame_grid(h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
     cols = torch.arange(w, dtype=torch.float64).repeat(h)
     return rows, cols
+
+
+
+def frame_rows(segments, design: str):
+    """Every vision segment as a run of ``h × w`` frames (an image is one frame), row by row.
+
+    Returns ``(seg, frame, row, token_row, col, t, h, w)``: per frame row its segment (int64), frame
+    and row index (float64); per token the frame row it lies on (int64) and its column (float64);
+    per segment its frames, rows and columns (int64). Rules build a per-row table and expand it
+    with one ``index_select`` by ``token_row`` (rows are ``w`` times fewer than tokens). The designs of
+    the Multimodal-RoPEs collection treat each video frame as a block of its own.
+    """
+    from .registry import block_rows, video_blocks  # registry imports this module
+
+    t, h, w, _ = video_blocks(segments, design)
+    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    return (row_block, row_frame.to(torch.float64), row_index.to(torch.float64), token_row,
+            token_col.to(torch.float64), t, h, w)

@@ -25,7 +25,10 @@ __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "
 #: coordinates of their tokens relative to the block start, concatenated in order ``(Σ n_k, A)``, and
 #: how far each moves the running start ``(S, A)``, both float64. Called with no segments it must still
 #: return ``(0, A)`` tensors (that fixes the number of axes) and check its options.
-BlockRule = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+#: A rule may return a third item, a ``(A,)`` bool mask of *absolute* axes: on those, vision offsets are
+#: the coordinates themselves and the running start is not added (MRoPE-I's spatial reset places h, w
+#: from 0 in every image); text and the advances are unchanged.
+BlockRule = Callable[..., "tuple[torch.Tensor, ...]"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Design:
     allocation: str  # the frequency allocation this design is normally paired with
     aliases: tuple = field(default=())
     block_rule: Optional[BlockRule] = None  # set for translation-structured designs (see module doc)
+    # axes whose largest coordinate + 1 is where text continues (decoding deltas); None: all axes
+    delta_axes: Optional[tuple] = None
 
     @property
     def options(self) -> tuple:
@@ -51,12 +56,15 @@ _ALIASES: dict[str, str] = {}
 
 
 def register(
-    name: str, *, summary: str, allocation: str, aliases: tuple = (), block_rule: Optional[BlockRule] = None
+    name: str, *, summary: str, allocation: str, aliases: tuple = (), block_rule: Optional[BlockRule] = None,
+    delta_axes: Optional[tuple] = None,
 ) -> Callable:
     """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
 
     ``block_rule`` (optional) declares the design translation-structured; it must take the same
-    options as ``fn`` and ``fn`` must equal :func:`walk` over it.
+    options as ``fn`` and ``fn`` must equal :func:`walk` over it. ``delta_axes`` (optional) names the
+    axes whose largest coordinate + 1 is where text continues, for designs where another axis may
+    reach further (VideoRoPE's centred rows): :func:`ropekit.rope_index` takes its deltas from them.
     """
     if block_rule is not None and not callable(block_rule):
         raise TypeError(f"register: `block_rule` must be a function (segments, **options) -> (offsets, advance), "
@@ -65,12 +73,21 @@ def register(
     def deco(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
-        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule)
+        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes)
         for a in aliases:
             _ALIASES[a] = name
         return fn
 
     return deco
+
+
+def alias(name: str, *aliases: str) -> None:
+    """Accept more names for a registered design (e.g. the names another library uses for it)."""
+    design = get_design(name)
+    for a in aliases:
+        if a in _REGISTRY or _ALIASES.get(a, design.name) != design.name:
+            raise ValueError(f"alias: {a!r} already names another design")
+        _ALIASES[a] = design.name
 
 
 def get_design(name: str) -> Design:
@@ -176,8 +193,10 @@ def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
     arithmetic is float64, rounded to float32 once at the end.
     """
     vision = [s for s in layout if not isinstance(s, Text)]
-    offsets, advance = rule(vision, **options)
+    placed = rule(vision, **options)
+    offsets, advance = placed[0], placed[1]
     axes = advance.shape[1]
+    relative = torch.ones(axes, dtype=torch.float64) if len(placed) < 3 else (~placed[2]).to(torch.float64)
     parts, p, row, k = [], torch.zeros(axes, dtype=torch.float64), 0, 0
     for seg in layout:
         if isinstance(seg, Text):
@@ -185,7 +204,7 @@ def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
             p = p + seg.n
             continue
         n = seg.num_tokens
-        parts.append(p + offsets[row: row + n])
+        parts.append(p * relative + offsets[row: row + n])
         p = p + advance[k]
         row, k = row + n, k + 1
     return torch.cat(parts).to(torch.float32)

@@ -169,6 +169,12 @@ def _geometry(
             f"patch_model: design {name!r} ({num_axes} axes) with allocation {alloc!r} does not fit the model's "
             f"head_dim={head_dim}: {e}"
         ) from None
+    if W.ndim == 3:
+        raise ValueError(
+            f"patch_model: design {name!r} uses the per-head allocation {alloc!r}, which the patched Qwen models "
+            f"cannot apply (their rotary tables are shared by all heads); pass allocation='mrope-interleave' "
+            f"for its positions with a shared allocation, or use ropekit.RoPE for per-head rotation"
+        )
     return _Geometry(name, dict(options), alloc, W)
 
 

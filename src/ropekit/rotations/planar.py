@@ -14,9 +14,11 @@ import numbers
 
 import torch
 
+from .published import PUBLISHED, published_matrix
+
 __all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_base", "check_sections"]
 
-ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial")
+ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial") + PUBLISHED
 
 
 # Upper bounds that keep absurd sizes from allocating gigabytes before anything else fails.
@@ -107,6 +109,8 @@ def frequency_matrix(
     - ``"vrope"``: frequency k uses coordinate ``k mod A`` (VRoPE's interleaved groups).
     - ``"axial"``: the frequencies split into A contiguous equal chunks, each a full spectrum
       ``base ** (-j / n)`` over its ``n = rotary_dim / (2A)`` pairs (rope-vit axial).
+    - published multimodal variants (``"mrope-interleave"``, ``"videorope"``, ``"hope"``, ``"mmrope"``,
+      ``"mhrope"`` per head, …): see :mod:`ropekit.rotations.published`.
     """
     _check_dim(rotary_dim)
     check_count(num_axes, "num_axes", MAX_AXES)
@@ -118,6 +122,8 @@ def frequency_matrix(
             raise ValueError(f"allocation '1d' takes 1 axis, got num_axes={num_axes}; use 'mrope', 'axial' …")
         return inv_freq(rotary_dim, base)[None, :]
     freqs = inv_freq(rotary_dim, base)
+    if allocation in PUBLISHED:
+        return published_matrix(allocation, freqs, num_axes, sections)
     j = torch.arange(half)
     if allocation == "mrope":
         if sections is None:

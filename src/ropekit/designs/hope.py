@@ -1,0 +1,106 @@
+"""HoPE (Li et al., "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language
+Models"): VideoRoPE's centred diagonal layout with *dynamic temporal scaling*, paired with a hybrid
+allocation that gives time zero frequency (the ``"hope"`` allocation).
+
+Frame f of a block that starts at ``s`` sits at time ``s + γ·f`` (h, w centred on it as in
+VideoRoPE); text resumes at ``s + γ·(T−1) + 1``. ``temporal_scale`` is γ: fixed at evaluation (1 by
+default). For training, give ``scales`` (the paper draws from ``(0.5, 0.75, 1.0, 1.25, 1.5)``) and a
+``generator`` (a ``torch.Generator`` or an int seed): each call, i.e. each sample, draws one γ from
+``scales`` with that generator. No global random state is used.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..layout import Layout, Segment
+from .registry import register, walk
+from .videorope import _check_positive, diagonal_blocks
+
+__all__ = ["hope", "hope_blocks", "hope_index", "draw_temporal_scale", "TRAIN_SCALES"]
+
+TRAIN_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
+
+
+def draw_temporal_scale(scales: Sequence[float], generator: "torch.Generator | int") -> float:
+    """One γ drawn uniformly from ``scales`` with ``generator`` (a ``torch.Generator`` or an int seed)."""
+    if isinstance(generator, bool) or not isinstance(generator, (torch.Generator, int)):
+        raise TypeError(
+            f"hope: drawing a temporal scale needs `generator` = a torch.Generator or an int seed, got "
+            f"{type(generator).__name__}; HoPE never uses global random state"
+        )
+    if isinstance(generator, int):
+        generator = torch.Generator().manual_seed(generator)
+    values = [_check_positive(s, "scales[i]", "hope") for s in scales]
+    if not values:
+        raise ValueError("hope: `scales` must hold at least one temporal scale, e.g. (0.5, 0.75, 1.0, 1.25, 1.5)")
+    return values[int(torch.randint(len(values), (1,), generator=generator))]
+
+
+def hope_blocks(
+    segments: Sequence[Segment],
+    temporal_scale: float = 1.0,
+    scales: Optional[Sequence[float]] = None,
+    generator: "torch.Generator | int | None" = None,
+):
+    """HoPE block rule: VideoRoPE's diagonal with stride γ = ``temporal_scale``.
+
+    A random γ is drawn per sample, which a rule placing a whole batch at once cannot do: with
+    ``scales`` given, call :func:`ropekit.positions` per sample instead of ``rope_index``.
+    """
+    if scales is not None or generator is not None:
+        raise ValueError(
+            "hope: `scales`/`generator` draw one temporal scale per sample; rope_index places a whole batch at "
+            "once: use ropekit.designs.hope.hope_index(..., scales=..., generator=...) for a batch, or "
+            "ropekit.positions(layout, 'hope', scales=..., generator=...) per sample"
+        )
+    return diagonal_blocks(segments, _check_positive(temporal_scale, "temporal_scale", "hope"), "hope")
+
+
+@register(
+    "hope",
+    summary="HoPE: VideoRoPE diagonal with dynamic temporal scale, time at zero frequency",
+    allocation="hope",
+    block_rule=hope_blocks,
+    delta_axes=(0,),
+)
+def hope(
+    layout: Layout,
+    temporal_scale: float = 1.0,
+    scales: Optional[Sequence[float]] = None,
+    generator: "torch.Generator | int | None" = None,
+) -> torch.Tensor:
+    """HoPE positions ``(L, 3)``; with ``scales`` and ``generator`` the temporal scale is drawn for this sample."""
+    if scales is not None:
+        if generator is None:
+            raise ValueError("hope: `scales` needs a `generator` (torch.Generator or int seed) to draw from")
+        temporal_scale = draw_temporal_scale(scales, generator)
+    elif generator is not None:
+        raise ValueError("hope: `generator` is only used with `scales` (the temporal scales to draw from)")
+    return walk(layout, hope_blocks, temporal_scale=temporal_scale)
+
+
+def hope_index(*args, scales: Sequence[float] = TRAIN_SCALES, generator: "torch.Generator | int", **kwargs):
+    """:func:`ropekit.rope_index` for HoPE training: one temporal scale per sample of the batch.
+
+    Takes ``rope_index``'s arguments; draws ``B`` scales from ``scales`` with ``generator`` (in sample
+    order, the draws ``positions(..., scales=scales, generator=generator)`` would make sample by
+    sample) and returns ``(positions, deltas, scales_drawn (B,))``.
+    """
+    from ..index import rope_index  # the index imports the designs
+
+    types = kwargs.get("mm_token_type_ids", args[1] if len(args) > 1 else None)
+    if not isinstance(types, torch.Tensor) or types.ndim != 2:
+        raise ValueError("hope_index: pass rope_index's arguments, with `mm_token_type_ids` of shape (batch, seq_len)")
+    if isinstance(generator, int) and not isinstance(generator, bool):
+        generator = torch.Generator().manual_seed(generator)
+    drawn = [draw_temporal_scale(scales, generator) for _ in range(types.shape[0])]
+    pos = delta = None
+    for gamma in sorted(set(drawn)):  # one batched pass per distinct scale (at most len(scales))
+        p, d = rope_index(*args, design="hope", temporal_scale=gamma, **kwargs)
+        pick = torch.tensor([g == gamma for g in drawn], device=p.device)
+        if pos is None:
+            pos, delta = p, d
+        pos[:, pick], delta[pick] = p[:, pick], d[pick]
+    return pos, delta, torch.tensor(drawn, dtype=torch.float64)

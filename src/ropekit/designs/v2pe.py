@@ -1,0 +1,58 @@
+"""V2PE (Ge et al., "V2PE: Improving Multimodal Long-Context Capability of Vision-Language Models with
+Variable Visual Position Encoding"): 1-D positions where a visual token advances by ``δ < 1``.
+
+The paper's recurrence: a text token's position is the previous token's + 1, a visual token's the
+previous one's + δ (``increment``, default 1/16); the sequence starts as if a token sat at −1, so
+text-only input is ``0, 1, 2, …``. A block of n visual tokens after position q therefore spans
+``q + δ, …, q + n·δ`` and the next text token is at ``q + n·δ + 1``.
+
+``visual_stride=S`` gives the public Multimodal-RoPEs behaviour instead: every image or video frame
+spans S positions whatever its size (step ``S/n``, larger than 1 for frames of fewer than S tokens),
+and text resumes at the next integer after the frame (``ceil``) + 1.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ..layout import Layout, Segment
+from ._common import frame_rows
+from .registry import ragged_arange, register, walk
+
+__all__ = ["v2pe", "v2pe_blocks"]
+
+
+def _positive(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"v2pe: `{name}` must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_stride: Optional[float] = None):
+    """V2PE block rule: token k of a block at ``(k+1)·δ − 1`` from the start, which advances by ``n·δ``;
+    with ``visual_stride`` S, frame f's token i (1-based) at ``f·⌈S⌉ + i·S/n − 1``, advancing ``T·⌈S⌉``."""
+    delta = _positive(increment, "increment")
+    if visual_stride is None:
+        n = torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
+        _, k = ragged_arange(n)
+        return ((k + 1).to(torch.float64) * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
+    stride = _positive(visual_stride, "visual_stride")
+    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "v2pe")
+    per_row = torch.stack([frame * math.ceil(stride), row * w.to(torch.float64).index_select(0, seg) + 1.0,
+                           stride / (h * w).to(torch.float64).index_select(0, seg)], dim=1).index_select(0, token_row)
+    offsets = per_row[:, 0] + (per_row[:, 1] + col) * per_row[:, 2] - 1.0  # frame start + i·S/n − 1
+    return offsets[:, None], (t.to(torch.float64) * math.ceil(stride))[:, None]
+
+
+@register(
+    "v2pe",
+    summary="V2PE: 1-D positions, visual tokens advance by δ < 1 (increment), text by 1",
+    allocation="1d",
+    block_rule=v2pe_blocks,
+)
+def v2pe(layout: Layout, increment: float = 1 / 16, visual_stride: Optional[float] = None) -> torch.Tensor:
+    """V2PE positions ``(L, 1)``: visual tokens step by ``increment`` (paper) or, with ``visual_stride``,
+    each frame spans that many positions (public code)."""
+    return walk(layout, v2pe_blocks, increment=increment, visual_stride=visual_stride)
