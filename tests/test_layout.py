@@ -84,3 +84,38 @@ def test_token_types_refuse_a_huge_layout_before_allocating():
     assert len(lay) == 10**10
     with pytest.raises(ValueError, match="10000000000 tokens exceed the limit of 16777216.*MAX_TOKENS"):
         lay.token_types()  # ... building 10^10 entries is not
+
+
+# ---------------------------------------------------------------------------------------------------
+# positions(): sizes and float32 range are checked for every design
+
+from ropekit.designs import registry  # noqa: E402
+
+
+@pytest.mark.parametrize("design", ["vanilla", "mrope", "circle", "vrope", "rope2d", "shared", "compact"])
+def test_positions_refuse_too_many_tokens_before_allocating(design):
+    with pytest.raises(ValueError, match="10000000001 tokens exceed the limit of 16777216"):
+        positions("T1 I100000x100000", design)
+
+
+def test_positions_refuse_too_much_work_with_the_numbers(monkeypatch):
+    # 3 tokens, but 2**10 coordinates each: allowed up to MAX_WORK, refused (with the numbers) beyond it
+    assert positions("T3", "vrope", spatial_dims=10).shape == (3, 1024)
+    monkeypatch.setattr(registry, "MAX_WORK", 3 * 1024 - 1)
+    with pytest.raises(ValueError, match="3 tokens × 1024 axes = 3072 coordinates, more than the limit of 3071"):
+        positions("T3", "vrope", spatial_dims=10)
+    assert positions("T3", "mrope").shape == (3, 3)
+
+
+def test_vrope_refuses_absurd_spatial_dims_before_allocating():
+    with pytest.raises(ValueError, match="`spatial_dims` is 24, which gives 2\\*\\*24 coordinates"):
+        positions("T3", "vrope", spatial_dims=24)
+    with pytest.raises(ValueError, match="rank of segment G1x1x1x1x1x1x1x1x1x1x1"):
+        positions("G" + "x".join(["1"] * 11), "vrope")
+
+
+@pytest.mark.parametrize("layout,design", [("T1 V3x1x1@3e38", "mrope"), ("T1 V3x1x1@3e38 T1", "compact"),
+                                           ("T1 V3x1x1@3e38", "circle")])
+def test_positions_that_overflow_float32_are_refused(layout, design):
+    with pytest.raises(ValueError, match=f"design '{design}' on layout .* not finite float32"):
+        positions(layout, design)

@@ -20,6 +20,8 @@ __all__ = ["circle", "ring_offsets", "MEASURES"]
 
 MEASURES = ("l2", "max_abs")
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 
 def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text_vector: Sequence[float],
            delta: float) -> torch.Tensor:
@@ -38,14 +40,27 @@ def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text
         n = torch.as_tensor([float(c) for c in text_vector], dtype=torch.float64)
     except (TypeError, ValueError):
         raise ValueError(f"circle: `text_vector` must be 3 finite numbers, got {text_vector!r}") from None
-    if n.numel() != 3 or not torch.isfinite(n).all() or float(n.norm()) == 0.0:
+    if n.numel() != 3 or not torch.isfinite(n).all() or float(n.abs().max()) == 0.0:
         raise ValueError(f"circle: `text_vector` must be 3 finite numbers, not all zero, got {text_vector!r}")
     return n
 
 
+def _radius(radius: Union[float, str], k: float, spread: float) -> float:
+    """Ring radius: fixed, or ``k`` times the grid's spread (eq. 9); refused when it is beyond float32."""
+    R = k * spread if radius == "auto" else float(radius)
+    if not R <= _FLOAT32_MAX:
+        name = f"`k` = {k!r} (times the grid's spread {spread:g})" if radius == "auto" else f"`radius` = {radius!r}"
+        raise ValueError(
+            f"circle: {name} gives a ring radius beyond the float32 range ({_FLOAT32_MAX:.4g}), so the positions "
+            f"would not be finite float32 numbers; use a smaller value"
+        )
+    return R
+
+
 def _basis(text_vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Orthonormal (u, v) spanning the plane orthogonal to n (paper eqs. 10–11)."""
-    n = text_vector / text_vector.norm()
+    n = text_vector / text_vector.abs().max()  # scaled first: the norm of huge components would overflow
+    n = n / n.norm()
     u = torch.stack([-n[1], n[0], torch.zeros((), dtype=n.dtype)])
     u = u / u.norm() if float(u.norm()) > 0 else torch.tensor([1.0, 0.0, 0.0], dtype=n.dtype)
     return u, torch.linalg.cross(n, u)
@@ -75,18 +90,16 @@ def ring_offsets(
     # eq. 7: grid-index angle; eq. 8: mix
     ga = torch.arange(h * w, dtype=torch.float64) / (h * w) * 2 * math.pi
     mixed = alpha * sa + (1 - alpha) * ga
-    if radius == "auto":  # eq. 9 (l2) or the reference code's max |coordinate|
-        spread = torch.sqrt(x * x + y * y).max() if measure == "l2" else torch.maximum(x.abs(), y.abs()).max()
-        R = k * float(spread)
-    else:
-        R = float(radius)
+    # eq. 9 (l2) or the reference code's max |coordinate|
+    spread = torch.sqrt(x * x + y * y).max() if measure == "l2" else torch.maximum(x.abs(), y.abs()).max()
+    R = _radius(radius, k, float(spread))
     u, v = _basis(n)
     pts = (R * torch.cos(mixed))[:, None] * u + (R * torch.sin(mixed))[:, None] * v  # eq. 12
     return pts.flip(-1)  # components (first, second, third) → axes (w, h, t)
 
 
 @register("circle", summary="Circle-RoPE: image tokens on a ring orthogonal to the text axis (PTD = 0)",
-          allocation="mrope", aliases=("circle_rope", "cip"))
+          allocation="mrope", aliases=("circle_rope", "cip"), axes=3)
 def circle(
     layout: Layout,
     *,
@@ -99,12 +112,17 @@ def circle(
 ) -> torch.Tensor:
     """Circle-RoPE positions ``(L, 3)`` on axes (t, h, w) (SPEC §3).
 
-    A ring is centred at ``s·(1,1,1)`` (s: the index its first token would get under 1-D RoPE), plus
-    ``(i−1)·delta·(1,1,1)`` for the i-th vision block (paper §4.3); a video gets one ring per frame, frame f
-    centred at ``s + f·Δt``. Text after a block resumes at the block's largest coordinate + 1.
+    A ring is centred at ``s·(1,1,1)`` (s: the running index, where the block's first token would sit on
+    the text diagonal); a video gets one ring per frame, frame f centred at ``s + f·Δt``. Text after a
+    block resumes at the block's largest coordinate + 1.
+
+    Multi-image order (paper §4.3): the i-th vision block (images and videos, 1-based, in layout order)
+    is moved by ``(i−1)·delta·(1,1,1)`` from where it sits with ``delta=0``. The text after a block
+    follows the moved block, so it already carries that block's shift; the next block therefore adds
+    only one more ``delta`` to the running index, and shifts never compound.
     """
     _check(alpha, radius, k, measure, text_vector, delta)
-    parts, p, block_idx = [], 0.0, 0
+    parts, p, first = [], 0.0, True
     for seg in layout:
         if isinstance(seg, Text):
             parts.append(diagonal(p, seg.n, 3))
@@ -113,9 +131,11 @@ def circle(
         vid = as_video(seg, "circle")
         ring = ring_offsets(vid.h, vid.w, alpha=alpha, radius=radius, k=k, measure=measure,
                             text_vector=text_vector)
-        centres = p + block_idx * delta + torch.arange(vid.t, dtype=torch.float64) * vid.interval
+        # p already holds the shift (i−2)·delta of the block before; one more delta makes (i−1)·delta
+        start = p if first else p + delta
+        centres = start + torch.arange(vid.t, dtype=torch.float64) * vid.interval
         block = (centres[:, None, None] + ring[None]).reshape(-1, 3)
         parts.append(block)
         p = float(block.max()) + 1.0
-        block_idx += 1
+        first = False
     return torch.cat(parts).to(torch.float32)

@@ -85,6 +85,7 @@ def mrope_blocks(segments: Sequence[Segment], continuation: str = "max") -> tupl
     allocation="mrope",
     aliases=("spatial", "rope3d"),
     block_rule=mrope_blocks,
+    axes=3,
 )
 def mrope(layout: Layout, continuation: str = "max") -> torch.Tensor:
     """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w) (SPEC §3 "M-RoPE").
