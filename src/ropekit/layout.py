@@ -40,17 +40,24 @@ def _check_size(value: object, name: str, what: str) -> int:
                 and value.dtype != torch.bool:
             value = int(value)
         else:
-            raise TypeError(f"{what}: `{name}` must be an int, got {type(value).__name__} ({value!r})")
+            raise TypeError(f"{what}: `{name}` must be an int, got {type(value).__name__} ({_show(value)})")
     if value < 1:
         raise ValueError(f"{what}: `{name}` must be >= 1, got {value}; an empty or negative grid has no tokens")
     if value > _INT64_MAX:
-        raise ValueError(f"{what}: `{name}` = {value} is too large; sizes are token counts and must be < 2**63")
+        raise ValueError(f"{what}: `{name}` = {_show(value)} is too large; sizes are token counts and must be < 2**63")
     return value
+
+
+def _show(value: object) -> str:
+    """``repr`` of a value for an error message, with huge numbers cut to their first digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _check_total(count: int, what: str) -> None:
     if count > _INT64_MAX:
-        raise ValueError(f"{what} holds {count} tokens, more than 2**63 - 1; a sequence this long cannot be indexed")
+        raise ValueError(f"{what} holds {_show(count)} tokens, more than 2**63 - 1; a sequence this long cannot be "
+                         f"indexed")
 
 
 def check_token_count(count: int, what: str) -> None:
@@ -64,14 +71,14 @@ def check_token_count(count: int, what: str) -> None:
 
 def _check_interval(value: object) -> float:
     if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, numbers.Real, torch.Tensor)):
-        raise TypeError(f"Video: `interval` must be a number, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"Video: `interval` must be a number, got {type(value).__name__} ({_show(value)})")
     if isinstance(value, torch.Tensor) and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()):
         raise TypeError(f"Video: `interval` must be a number or a one-element tensor, got a tensor of shape "
                         f"{tuple(value.shape)} and dtype {value.dtype}")
     try:
         iv = float(value)
     except OverflowError:
-        raise ValueError(f"Video: `interval` = {value} is too large; positions are float32 "
+        raise ValueError(f"Video: `interval` = {_show(value)} is too large; positions are float32 "
                          f"(largest finite {_FLOAT32_MAX:.4g})") from None
     if not math.isfinite(iv) or iv < 0:
         raise ValueError(f"Video: `interval` must be a finite number >= 0, got {value!r}")
