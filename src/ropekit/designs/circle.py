@@ -8,6 +8,7 @@ the text vector (eqs. 10–12), centred where the block starts on the text diago
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence, Union
 
 import torch
@@ -23,25 +24,41 @@ MEASURES = ("l2", "max_abs")
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
+def _real(value: object) -> float:
+    """``value`` as a float (ints too large for a float become inf); NaN for anything that is not a real number."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
+
+
 def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text_vector: Sequence[float],
            delta: float) -> torch.Tensor:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"circle: `alpha` must be a number in [0, 1] (paper eq. 8), got {alpha!r}")
-    if radius != "auto" and (isinstance(radius, bool) or not isinstance(radius, (int, float))
-                             or not math.isfinite(radius) or radius <= 0):
-        raise ValueError(f"circle: `radius` must be a number > 0 or 'auto' (paper eq. 9), got {radius!r}")
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0:
-        raise ValueError(f"circle: `k` (auto-k radius factor) must be a number > 0, got {k!r}")
-    if measure not in MEASURES:
-        raise ValueError(f"circle: `measure` must be 'l2' (paper) or 'max_abs' (reference code), got {measure!r}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
-        raise ValueError(f"circle: `delta` (multi-image offset, paper §4.3) must be a number >= 0, got {delta!r}")
+    if not 0.0 <= _real(alpha) <= 1.0:
+        raise ValueError(f"circle: `alpha` must be a number in [0, 1] (paper eq. 8), got {_show(alpha)}")
+    if not (radius == "auto" if isinstance(radius, str) else 0 < _real(radius) < math.inf):
+        raise ValueError(f"circle: `radius` must be a number > 0 or 'auto' (paper eq. 9), got {_show(radius)}")
+    if not 0 < _real(k) < math.inf:
+        raise ValueError(f"circle: `k` (auto-k radius factor) must be a number > 0, got {_show(k)}")
+    if not isinstance(measure, str) or measure not in MEASURES:
+        raise ValueError(f"circle: `measure` must be 'l2' (paper) or 'max_abs' (reference code), got {_show(measure)}")
+    if not 0 <= _real(delta) < math.inf:
+        raise ValueError(f"circle: `delta` (multi-image offset, paper §4.3) must be a number >= 0, got {_show(delta)}")
     try:
-        n = torch.as_tensor([float(c) for c in text_vector], dtype=torch.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"circle: `text_vector` must be 3 finite numbers, got {text_vector!r}") from None
+        n = torch.as_tensor([_real(c) for c in text_vector], dtype=torch.float64)
+    except TypeError:
+        raise ValueError(f"circle: `text_vector` must be 3 finite numbers, got {_show(text_vector)}") from None
     if n.numel() != 3 or not torch.isfinite(n).all() or float(n.abs().max()) == 0.0:
-        raise ValueError(f"circle: `text_vector` must be 3 finite numbers, not all zero, got {text_vector!r}")
+        raise ValueError(f"circle: `text_vector` must be 3 finite numbers, not all zero, got {_show(text_vector)}")
     return n
 
 
