@@ -119,3 +119,22 @@ def test_vrope_refuses_absurd_spatial_dims_before_allocating():
 def test_positions_that_overflow_float32_are_refused(layout, design):
     with pytest.raises(ValueError, match=f"design '{design}' on layout .* not finite float32"):
         positions(layout, design)
+
+
+def test_block_helpers_check_their_sizes():
+    import numpy as np
+    from ropekit.designs.circle import ring_offsets
+    from ropekit.designs.mrope import vision_block
+    from ropekit.designs.vrope import frame_coordinates
+
+    with pytest.raises(ValueError, match="Image: `h` must be >= 1"):
+        ring_offsets(0, 3)
+    with pytest.raises(ValueError, match="ring_offsets: 10000000000 tokens exceed"):
+        ring_offsets(100000, 100000)
+    with pytest.raises(ValueError, match="frame_coordinates: 10000000000 tokens exceed"):
+        frame_coordinates((100000, 100000))
+    with pytest.raises(ValueError, match="vision_block: 10000000000 tokens exceed"):
+        vision_block(Video(1, 100000, 100000), 0.0)
+    with pytest.raises(TypeError, match="`video` must be a ropekit.Video"):
+        vision_block("V1x2x2", 0.0)
+    assert Image(np.int64(2), np.int32(3)) == Image(2, 3)  # numpy integers are integers

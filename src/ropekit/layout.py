@@ -35,6 +35,8 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _check_size(value: object, name: str, what: str) -> int:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy integers too
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
                 and value.dtype != torch.bool:

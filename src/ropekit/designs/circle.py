@@ -13,7 +13,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ..layout import Layout, Text
+from ..layout import Image, Layout, Text, check_token_count
 from ._common import as_video, diagonal
 from .registry import register
 
@@ -95,6 +95,8 @@ def ring_offsets(
 ) -> torch.Tensor:
     """Ring coordinates of an ``h × w`` grid relative to the ring centre: ``(h·w, 3)`` float64, axes (t, h, w)."""
     n = _check(alpha, radius, k, measure, text_vector, 0.0)
+    grid = Image(h, w)  # checks h and w
+    check_token_count(grid.num_tokens, "ring_offsets")
     rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
     cols = torch.arange(w, dtype=torch.float64).repeat(h)
     # eqs. 2–3: centre at the midpoint of the extent; + 0.0 turns a -0.0 offset into +0.0

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..layout import Layout, Segment, Video
+from ..layout import Layout, Segment, Video, check_token_count
 from ._common import frame_grid
 from .registry import block_rows, register, video_blocks, walk
 
@@ -36,6 +36,9 @@ def vision_block(video: Video, start: "float | torch.Tensor") -> torch.Tensor:
     ``start`` is the block's start index: a number (the usual case, all three axes start together)
     or a ``(3,)`` tensor giving one start per axis (used by RoPE-Compact after a previous block).
     """
+    if not isinstance(video, Video):
+        raise TypeError(f"vision_block: `video` must be a ropekit.Video, got {type(video).__name__}")
+    check_token_count(video.num_tokens, "vision_block")
     rows, cols = frame_grid(video.h, video.w)
     hw = video.h * video.w
     t = temporal_index(video.t, video.interval).repeat_interleave(hw)

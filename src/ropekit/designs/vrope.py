@@ -28,11 +28,12 @@ vision segments of a layout must share one spatial rank, since the number of axe
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
-from ..layout import Grid, Image, Layout, Segment, Text, Video
+from ..layout import Grid, Image, Layout, Segment, Text, Video, check_token_count
 from .registry import ragged_arange, register, walk
 
 __all__ = ["vrope", "vrope_blocks", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS",
@@ -95,6 +96,7 @@ def frame_coordinates(sizes: Sequence[int], start: float = 0.0, order: str = "re
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"vrope: frame `sizes` must be a non-empty list of ints >= 1, got {sizes}")
     _check_rank(len(sizes), "the number of frame `sizes`")
+    check_token_count(math.prod(sizes), "vrope: frame_coordinates")
     grids = torch.meshgrid(*(torch.arange(s, dtype=torch.float64) for s in sizes), indexing="ij")
     x = torch.stack([g.reshape(-1) for g in grids], dim=1)  # (n, N)
     reflected = torch.tensor(sizes, dtype=torch.float64) - 1.0 - x
