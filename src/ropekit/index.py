@@ -20,7 +20,7 @@ import torch
 from . import layout as _layout
 from .designs import positions
 from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
-from .layout import IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
+from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
 
@@ -31,8 +31,6 @@ GridLike = Union[torch.Tensor, Sequence[Sequence[int]]]
 #: (``ropekit.index.MAX_BATCH_COORDINATES = ...``) on purpose. Each sequence is also bounded by
 #: :data:`ropekit.layout.MAX_TOKENS`.
 MAX_BATCH_COORDINATES = 2**30
-
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _check_2d(x: object, name: str, shape: Optional[tuple] = None) -> torch.Tensor:

@@ -13,15 +13,13 @@ from typing import Sequence, Union
 
 import torch
 
-from ..layout import Image, Layout, Text, check_token_count
+from ..layout import _FLOAT32_MAX, Image, Layout, Text, _show, check_token_count
 from ._common import as_video, diagonal
 from .registry import register
 
 __all__ = ["circle", "ring_offsets", "MEASURES"]
 
 MEASURES = ("l2", "max_abs")
-
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _real(value: object) -> float:
@@ -34,11 +32,6 @@ def _real(value: object) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
 
 
 def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text_vector: Sequence[float],
