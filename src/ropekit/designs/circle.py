@@ -122,7 +122,7 @@ def circle(
     text_vector: Sequence[float] = (1.0, 1.0, 1.0),
     delta: float = 0.0,
 ) -> torch.Tensor:
-    """Circle-RoPE positions ``(L, 3)`` on axes (t, h, w) (SPEC §3).
+    """Circle-RoPE positions ``(L, 3)`` on axes (t, h, w) (axis conventions: docs/conventions.md).
 
     A ring is centred at ``s·(1,1,1)`` (s: the running index, where the block's first token would sit on
     the text diagonal); a video gets one ring per frame, frame f centred at ``s + f·Δt``. Text after a

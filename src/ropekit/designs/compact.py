@@ -31,7 +31,7 @@ def compact_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Ten
     axes=3,
 )
 def compact(layout: Layout) -> torch.Tensor:
-    """Positions ``(L, 3)`` on the (t, h, w) axes (SPEC §3 ``compact``).
+    """Positions ``(L, 3)`` on the (t, h, w) axes (RoPE-Compact).
 
     The running index is kept per axis. Text advances all three axes together; a vision block is
     placed as in M-RoPE from the per-axis running index, and afterwards every axis resumes at its

@@ -1,7 +1,7 @@
 """M-RoPE ("spatial", RoPE-3D; Qwen2-VL / Qwen2.5-VL): vision tokens get (t, h, w) indices.
 
 A vision block that starts at ``s`` places token (frame f, row i, col j) at
-``(s + floor(f·Δt), s + i, s + j)`` (SPEC §3 "M-RoPE"). Text sits on the diagonal. Two rules for
+``(s + floor(f·Δt), s + i, s + j)``. Text sits on the diagonal. Two rules for
 where text resumes after a block exist in the wild; both are offered through ``continuation``.
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def mrope_blocks(segments: Sequence[Segment], continuation: str = "max") -> tupl
     axes=3,
 )
 def mrope(layout: Layout, continuation: str = "max") -> torch.Tensor:
-    """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w) (SPEC §3 "M-RoPE").
+    """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w).
 
     ``continuation="max"`` (default): text after a block starts at the block's largest coordinate
     over all three axes + 1 (the original Qwen code and transformers 4.x).

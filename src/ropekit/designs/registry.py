@@ -1,6 +1,6 @@
 """The design registry: a position design is one function ``layout -> (L, A) float32`` plus an entry here.
 
-Most designs are *translation-structured* (SPEC §3 notation): a running start vector ``p`` (one entry
+Most designs are *translation-structured*: a running start vector ``p`` (one entry
 per axis) places a text run of ``n`` tokens at ``p + k`` on every axis and advances ``p`` by ``n``; a
 vision segment sits at ``p + offsets`` and advances ``p`` by a vector, both depending only on the
 segment itself. Such a design registers a *block rule* that returns the offsets and advances of many
@@ -37,7 +37,7 @@ BlockRule = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 @dataclass(frozen=True)
 class Design:
-    """A registered position design (SPEC §3)."""
+    """A registered position design: its function, one-line summary, usual allocation and optional rule."""
 
     name: str
     fn: Callable[..., torch.Tensor]
@@ -225,7 +225,7 @@ def block_rows(
 
 
 def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
-    """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the shared walk of SPEC §3).
+    """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the walk every translation-structured design shares).
 
     The running start ``p`` begins at 0 on every axis; text takes ``p, p+1, …`` (per axis) and moves
     ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance. The

@@ -27,5 +27,5 @@ def vanilla_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Ten
     axes=1,
 )
 def vanilla(layout: Layout) -> torch.Tensor:
-    """Positions ``0 … L-1`` on one axis (SPEC §3 ``vanilla``)."""
+    """Positions ``0 … L-1`` on one axis."""
     return walk(layout, vanilla_blocks)

@@ -11,10 +11,10 @@ coordinates is ``P_f`` plus, for each spatial axis, either the index or its refl
 **N spatial axes.** The same rule gives ``2^N`` coordinates, one per *flip pattern*
 ``b ∈ {0,1}^N`` (``b_a = 1``: axis a contributes ``size_a - 1 - x_a`` instead of ``x_a``).
 Coordinates are listed by the binary number ``b_0 b_1 … b_{N-1}`` (first axis most significant),
-which for N = 2 is exactly the released reference order ``(u+, v-, v+, u-)`` above (SPEC §3).
+which for N = 2 is exactly the released reference order ``(u+, v-, v+, u-)`` above (the default).
 ``order="paper"`` lists them as eq. 8 does, ``(u+, u-, v+, v-)``: for N axes, the patterns whose last
 bit is 0 in binary order, each followed by its complement. A frame spans ``sum(sizes) - N + 1``
-indices; the next frame, or the text after the block, starts right after it (SPEC: text after a
+indices; the next frame, or the text after the block, starts right after it (text after a
 ``T``-frame block starts at ``s + T·(H + W - 1)``). Text repeats its index on every axis.
 
 Properties (tested): reflecting any set of axes only permutes a token's coordinates (index
@@ -191,11 +191,11 @@ def vrope_blocks(
     axes=vrope_axes,
 )
 def vrope(layout: Layout, spatial_dims: int | None = None, order: str = "reference") -> torch.Tensor:
-    """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7; SPEC §3 "VRoPE").
+    """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7).
 
     ``spatial_dims`` (N) is read from the layout's vision segments (2 for images/videos, the rank for
     a ``Grid``); give it to fix the number of axes of a text-only layout (default 2, i.e. 4 axes).
-    ``order`` chooses the coordinate order: ``"reference"`` (released code, SPEC) or ``"paper"`` (eq. 8).
+    ``order`` chooses the coordinate order: ``"reference"`` (released code, the default) or ``"paper"`` (eq. 8).
     Pair with ``frequency_matrix("vrope", D, 2**N)``: frequency k uses coordinate ``k mod 2^N``.
     """
     return walk(layout, vrope_blocks, spatial_dims=spatial_dims, order=order)
