@@ -38,3 +38,18 @@ def test_explicit_lists_and_errors():
         age_schedule("zigzag", 3)
     with pytest.raises(ValueError, match="num_layers"):
         age_schedule("all", 0)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: age_schedule("all", 10**30), ValueError, "`num_layers` must be an int from 1 to 65536"),
+    (lambda: age_schedule("all", 4, designs=None), ValueError, "`designs` must be a pair"),
+    (lambda: age_schedule("all", 4, designs="ab"), ValueError, "`designs` must be a pair"),
+    (lambda: age_schedule("all", 4, designs=("circle", "nope")), ValueError, "`designs`: unknown design 'nope'"),
+    (lambda: age_schedule("all", 4, designs=("circle", 3)), TypeError, "`designs`: `design` must be"),
+    (lambda: age_schedule([True, "nope"], 2), ValueError, "entry 1: unknown design 'nope'"),
+    (lambda: age_schedule(3, 2), TypeError, "`schedule` must be a name"),
+    (lambda: age_schedule(None, 2), TypeError, "`schedule` must be a name"),
+])
+def test_bad_arguments_are_named(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -193,3 +193,51 @@ def test_every_text_token_equidistant_from_each_ring(layout):
                 d = torch.cdist(text, c[start + f * per: start + (f + 1) * per])
                 assert (d.max(dim=1).values - d.min(dim=1).values).max() < 1e-4
         start += seg.num_tokens
+
+
+def test_paper_multi_image_example_shifts_0_1_2():
+    """Paper §4.3: three images; with Δ = 1 their centres move by 0, 1, 2 along g = (1, 1, 1)."""
+    lay = ropekit.Layout.parse("I3x3 I3x3 I3x3")
+    c0 = ropekit.positions(lay, "circle").double().reshape(3, 9, 3)
+    c1 = ropekit.positions(lay, "circle", delta=1.0).double().reshape(3, 9, 3)
+    for i in range(3):  # the i-th image (0-based): every token moved by exactly i·Δ on every axis
+        torch.testing.assert_close(c1[i] - c0[i], torch.full((9, 3), float(i), dtype=torch.float64),
+                                   rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["T2 I2x2 T1 I3x2 T3 V2x2x2 T1 I1x3 T2", "I2x2 I2x2 T1 V3x1x2@0.5 I2x3"])
+@pytest.mark.parametrize("delta", [0.5, 1.0, 7.0])
+def test_block_shifts_do_not_compound(layout, delta):
+    """Block i (1-based, images and videos alike) moves by exactly (i−1)·Δ·(1,1,1) against Δ = 0; text after
+    a block moves with it and still starts past that block's largest coordinate."""
+    lay = ropekit.Layout.parse(layout)
+    c0 = ropekit.positions(lay, "circle").double()
+    c1 = ropekit.positions(lay, "circle", delta=delta).double()
+    start, block, shift, prev_top = 0, 0, 0.0, None
+    for seg in lay:
+        n = seg.num_tokens
+        if not isinstance(seg, ropekit.Text):
+            shift = block * delta
+            block += 1
+        moved = c1[start:start + n] - c0[start:start + n]
+        torch.testing.assert_close(moved, torch.full_like(moved, shift), rtol=0, atol=1e-4)
+        if isinstance(seg, ropekit.Text) and prev_top is not None:
+            assert c1[start, 0].item() >= prev_top + 1 - 1e-4  # text never precedes the block before it
+        prev_top = c1[start:start + n].max().item() if not isinstance(seg, ropekit.Text) else None
+        start += n
+
+
+@pytest.mark.parametrize("opts,match", [
+    ({"radius": 1e39}, "`radius` = 1e\\+39 .* not be finite float32"),
+    ({"radius": "auto", "k": 1e308}, "`k` = 1e\\+308 .* not be finite float32"),
+    ({"delta": 1e39}, "design 'circle' with delta=1e\\+39 .* not finite float32"),
+    ({"delta": 3e38}, "not finite float32"),
+])
+def test_options_whose_positions_overflow_float32_are_refused(opts, match):
+    with pytest.raises(ValueError, match=match):
+        ropekit.positions("T1 I2x2 T1 I2x2 T1 I2x2", "circle", **opts)
+
+
+def test_huge_text_vector_still_gives_a_ring():
+    big = ropekit.positions("T2 I3x3 T1", "circle", text_vector=(1e308, 1e308, 1e308))
+    torch.testing.assert_close(big, ropekit.positions("T2 I3x3 T1", "circle"), rtol=0, atol=1e-5)

@@ -564,3 +564,95 @@ def test_rule_option_errors_reach_the_caller():
         rope_index(None, types, ig, vg, design="vrope", order="sideways")
     with pytest.raises(ValueError, match="continuation"):
         rope_index(None, torch.zeros(1, 3, dtype=torch.long), design="mrope", continuation="up")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs a user can get wrong or unusual: any strides, empty batches, overflowing numbers
+
+@pytest.mark.parametrize("design", ["mrope", "circle", "vrope"])
+def test_any_strides_give_the_contiguous_result(design):
+    inputs, _, _ = random_batch(700, batch=4, pad="left")
+    want = rope_index(**inputs, design=design)
+    odd = dict(inputs)
+    for name in ("mm_token_type_ids", "attention_mask", "input_ids"):
+        odd[name] = inputs[name].T.contiguous().T  # same values, column-major strides
+        assert not odd[name].is_contiguous()
+    got = rope_index(**odd, design=design)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # a broadcast (stride 0) batch: every row is the same sample
+    types = torch.tensor([[0, 1, 1, 1, 1, 0]]).expand(3, -1)
+    pos, _ = rope_index(None, types, [[1, 4, 4]] * 3, attention_mask=torch.ones(1, 6).expand(3, -1), design=design)
+    assert torch.equal(pos, positions("T1 I2x2 T1", design).T[:, None].expand(-1, 3, -1))
+
+
+@pytest.mark.parametrize("design", ["mrope", "circle", "vrope", "vanilla"])
+def test_an_empty_batch_gives_empty_positions(design):
+    axes = positions("T1", design).shape[1]
+    for shape in ((0, 5), (0, 0), (2, 0)):
+        pos, delta = rope_index(None, torch.zeros(shape, dtype=torch.long), design=design)
+        assert pos.shape == (axes, *shape) and pos.dtype == torch.float32
+        assert delta.shape == (shape[0], 1)
+    with pytest.raises(ValueError, match="image_grid_thw.*1 tokens.*0 tokens of the whole batch"):
+        rope_index(None, torch.zeros(0, 5, dtype=torch.long), [[1, 2, 2]], design=design)
+
+
+def test_a_grid_product_that_wraps_int64_is_refused():
+    # 4 · (2**62 + 1) = 2**64 + 4 wraps to 4 in int64, which matched the four image tokens before
+    types = torch.tensor([[0, 1, 1, 1, 1, 0]])
+    with pytest.raises(ValueError, match="image_grid_thw.*18446744073709551620 tokens"):
+        rope_index(None, types, [[1, 4, 2**62 + 1]], spatial_merge_size=1)
+    with pytest.raises(ValueError, match="video_grid_thw.*tokens"):
+        rope_index(None, types * 2, video_grid_thw=torch.tensor([[2**31, 2**31, 2**31 + 4]]), spatial_merge_size=1)
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(second_per_grid_ts=[1e300], tokens_per_second=2), ValueError,
+     "video 0: `tokens_per_second` = 2 × `second_per_grid_ts\\[0\\]` = 1e\\+300 .* not be finite float32"),
+    (dict(second_per_grid_ts=[3e38], tokens_per_second=2), ValueError, "second_per_grid_ts\\[0\\].*float32"),
+    (dict(tokens_per_second=1e39), ValueError, "`tokens_per_second` = 1e\\+39 .*float32"),
+    (dict(tokens_per_second="2"), TypeError, "`tokens_per_second` must be a number"),
+    (dict(tokens_per_second=[2]), TypeError, "`tokens_per_second` must be a number"),
+    (dict(second_per_grid_ts=["a"], tokens_per_second=2), TypeError, "`second_per_grid_ts` must be numbers"),
+    (dict(second_per_grid_ts=[[1.0, 2.0], [3.0]], tokens_per_second=2), TypeError, "`second_per_grid_ts`"),
+    (dict(spatial_merge_size=10**20), ValueError, "not divisible by spatial_merge_size=100000000000000000000"),
+    (dict(image_grid_thw=[["a", 1, 1]]), TypeError, "`image_grid_thw` must be"),
+    (dict(image_grid_thw=torch.ones(1, 3, dtype=torch.bool)), TypeError, "`image_grid_thw`.*dtype"),
+    (dict(image_grid_thw=[[1, 4, 4]], video_grid_thw=[[1.0, 4.0, 1e30]]), ValueError, "video_grid_thw.*tokens"),
+    (dict(per_axis_deltas="yes"), TypeError, "per_axis_deltas"),
+])
+def test_bad_numbers_fail_with_the_argument_named(change, exc, match):
+    types, ig, vg = _one()
+    kw = dict(image_grid_thw=ig, video_grid_thw=vg)
+    kw.update(change)
+    with pytest.raises(exc, match=match):
+        rope_index(None, types, **kw)
+
+
+def test_huge_frame_times_are_refused_not_returned_as_inf():
+    # a finite float32 interval whose frame 2 lands beyond float32: every design path says so
+    types = torch.tensor([[0] + [2] * 3 + [0]])
+    for design in ("mrope", "compact", "circle"):
+        with pytest.raises(ValueError, match="not finite float32"):
+            rope_index(None, types, video_grid_thw=[[3, 2, 2]], tokens_per_second=3e38, design=design)
+
+
+def test_too_many_coordinates_are_refused_before_allocating(monkeypatch):
+    import ropekit.index as index
+    monkeypatch.setattr(index, "MAX_BATCH_COORDINATES", 3 * 2 * 5 - 1)
+    with pytest.raises(ValueError, match="3 axes × 2 × 5 = 30 coordinates, more than the limit of 29"):
+        rope_index(None, torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="decode_positions would return 3 axes × 2 × 5 = 30"):
+        decode_positions(torch.zeros(2, 1), 0, 5, 3)
+    assert rope_index(None, torch.zeros(2, 5, dtype=torch.long), design="vanilla")[0].shape == (1, 2, 5)
+
+
+def test_decode_positions_argument_types():
+    d = torch.zeros(1, 1)
+    with pytest.raises(TypeError, match="`attention_mask` must be a torch.Tensor"):
+        decode_positions(d, 2, 1, 3, attention_mask=[[1, 1, 1]])
+    with pytest.raises(TypeError, match="`deltas` must be"):
+        decode_positions([[0.0]], 2, 1, 3)
+    with pytest.raises(ValueError, match="`deltas` must hold finite"):
+        decode_positions(torch.tensor([[float("nan")]]), 2, 1, 3)
+    with pytest.raises(ValueError, match="`past_length` \\+ `num_new`.*exceed the limit"):
+        decode_positions(d, 10**30, 1, 3)

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-__all__ = ["age_schedule", "SCHEDULES"]
+from .designs.registry import get_design
+
+__all__ = ["age_schedule", "SCHEDULES", "MAX_LAYERS"]
+
+#: Most layers a schedule may have (no model comes close; it keeps a typo from building a huge list).
+MAX_LAYERS = 2**16
 
 SCHEDULES = ("all", "lower", "upper", "alternate", "none")
 
@@ -31,11 +36,19 @@ def age_schedule(
     designs: tuple[str, str] = ("circle", "mrope"),
 ) -> list[str]:
     """Design name per layer for an AGE schedule (paper §4.2; names of the released code accepted too)."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"`num_layers` must be an int >= 1, got {num_layers!r}")
-    if len(designs) != 2:
-        raise ValueError(f"`designs` must be a pair (first, second), got {designs!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= MAX_LAYERS:
+        raise ValueError(f"`num_layers` must be an int from 1 to {MAX_LAYERS}, got {num_layers!r}"[:200])
+    if isinstance(designs, str) or not isinstance(designs, (tuple, list)) or len(designs) != 2:
+        raise ValueError(f"`designs` must be a pair of design names (first, second), got {designs!r}"[:200])
+    for d in designs:
+        _check_name(d, "`designs`")
     first, second = designs
+    if not isinstance(schedule, str) and (isinstance(schedule, (bytes, dict)) or
+                                          not isinstance(schedule, (Sequence, tuple, list))):
+        raise TypeError(
+            f"AGE `schedule` must be a name ({', '.join(SCHEDULES)}) or a list of {num_layers} entries, "
+            f"got {type(schedule).__name__}"
+        )
     if isinstance(schedule, str):
         name = _CODE_NAMES.get(schedule, schedule)
         if name not in SCHEDULES:
@@ -63,7 +76,16 @@ def age_schedule(
         if isinstance(it, bool):
             out.append(first if it else second)
         elif isinstance(it, str):
+            _check_name(it, f"AGE schedule entry {i}")
             out.append(it)
         else:
             raise TypeError(f"AGE schedule entry {i} must be a bool or a design name, got {type(it).__name__}")
     return out
+
+
+def _check_name(name: object, what: str) -> None:
+    """A design name the registry knows (ValueError/TypeError that says where it came from)."""
+    try:
+        get_design(name)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what}: {e}") from None

@@ -12,22 +12,32 @@ sequence during cached generation.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence, Union
 
 import torch
 
+from . import layout as _layout
 from .designs import positions
-from .designs.registry import check_options, get_design
-from .layout import IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
+from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
+from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
-__all__ = ["rope_index", "decode_positions"]
+__all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
 
 GridLike = Union[torch.Tensor, Sequence[Sequence[int]]]
+
+#: Most coordinates (axes × batch × sequence length) one :func:`rope_index` or :func:`decode_positions`
+#: call returns: 2**30 float32 values are 4 GiB. Checked before anything that size is allocated; raise it
+#: (``ropekit.index.MAX_BATCH_COORDINATES = ...``) on purpose. Each sequence is also bounded by
+#: :data:`ropekit.layout.MAX_TOKENS`.
+MAX_BATCH_COORDINATES = 2**30
 
 
 def _check_2d(x: object, name: str, shape: Optional[tuple] = None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"rope_index: `{name}` must be a torch.Tensor of shape (batch, seq_len), got {type(x).__name__}")
+    if x.is_complex():
+        raise TypeError(f"rope_index: `{name}` must be a real tensor, got dtype {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"rope_index: `{name}` must have shape (batch, seq_len), got {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != shape:
@@ -40,11 +50,21 @@ def _check_2d(x: object, name: str, shape: Optional[tuple] = None) -> torch.Tens
     return x
 
 
-def _token_grids(grid: Optional[GridLike], name: str, merge: int) -> Optional[torch.Tensor]:
-    """Validate a ``(n, 3)`` patch grid and return the token grid ``(t, h/merge, w/merge)`` as int64."""
+def _token_grids(grid: Optional[GridLike], name: str, merge: int, limit: int) -> Optional[torch.Tensor]:
+    """Validate a ``(n, 3)`` patch grid and return the token grid ``(t, h/merge, w/merge)`` as int64.
+
+    Checked in Python integers, so no product can wrap around: a grid of more than ``limit`` tokens (the
+    whole padded batch) cannot match the token types and is refused with its count.
+    """
     if grid is None:
         return None
-    g = torch.as_tensor(grid)
+    try:
+        g = torch.as_tensor(grid)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise TypeError(f"rope_index: `{name}` must be a tensor or nested list of whole numbers (t, h, w), "
+                        f"got {type(grid).__name__}") from None
+    if g.dtype == torch.bool or g.is_complex():
+        raise TypeError(f"rope_index: `{name}` must hold whole patch counts (t, h, w), got dtype {g.dtype}")
     if g.ndim == 1 and g.numel() == 3:
         g = g[None]
     if g.ndim != 2 or g.shape[1] != 3:
@@ -54,41 +74,83 @@ def _token_grids(grid: Optional[GridLike], name: str, merge: int) -> Optional[to
             raise ValueError(f"rope_index: `{name}` contains NaN or inf; grids are whole patch counts (t, h, w)")
         if not (g == g.round()).all():
             raise ValueError(f"rope_index: `{name}` must hold whole patch counts, got {g.tolist()}")
-    g = g.to(torch.int64).cpu()
-    if (g < 1).any():
-        raise ValueError(f"rope_index: `{name}` entries must be >= 1 (an empty or negative grid has no tokens), got {g.tolist()}")
-    if ((g[:, 1:] % merge) != 0).any():
-        bad = g[((g[:, 1:] % merge) != 0).any(dim=1)][0].tolist()
-        raise ValueError(
-            f"rope_index: `{name}` has a grid {bad} whose h or w is not divisible by spatial_merge_size={merge}; "
-            f"grids are patch grids before merging"
-        )
-    return torch.cat([g[:, :1], g[:, 1:] // merge], dim=1)
+    rows = [[int(v) for v in row] for row in g.tolist()]
+    tokens = []
+    for row in rows:
+        if min(row) < 1:
+            raise ValueError(f"rope_index: `{name}` entries must be >= 1 (an empty or negative grid has no tokens), "
+                             f"got {row}")
+        if row[1] % merge or row[2] % merge:
+            raise ValueError(
+                f"rope_index: `{name}` has a grid {row} whose h or w is not divisible by spatial_merge_size={merge}; "
+                f"grids are patch grids before merging"
+            )
+        tokens.append(row[0] * (row[1] // merge) * (row[2] // merge))
+        if tokens[-1] > limit:
+            raise ValueError(
+                f"rope_index: `{name}` has a grid {row} of {tokens[-1]} tokens (t·h·w / merge²), more than the "
+                f"{limit} tokens of the whole batch; the grids must match the tokens"
+            )
+    return torch.tensor([[t, h // merge, w // merge] for t, h, w in rows], dtype=torch.int64).reshape(-1, 3)
+
+
+def _number(value: object, name: str) -> None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
+        return
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"rope_index: `{name}` must be a number, got {type(value).__name__} ({value!r})"[:300])
 
 
 def _intervals(num_videos: int, second_per_grid_ts, tokens_per_second) -> list[float]:
     """Δt per video: ``tokens_per_second · second_per_grid_ts[v]`` (Qwen2.5-VL) or 1 (Qwen2-VL)."""
     if tokens_per_second is not None:
-        tps = torch.as_tensor(tokens_per_second)
-        if tps.numel() != 1 or not torch.isfinite(tps.double()).all() or float(tps) <= 0:
+        _number(tokens_per_second, "tokens_per_second")
+        tps = float(tokens_per_second)
+        if not math.isfinite(tps) or tps <= 0:
             raise ValueError(f"rope_index: `tokens_per_second` must be a finite number > 0, got {tokens_per_second!r}")
     if second_per_grid_ts is None:
-        return [float(tokens_per_second) if tokens_per_second is not None else 1.0] * num_videos
+        out = [float(tokens_per_second) if tokens_per_second is not None else 1.0] * num_videos
+        _check_intervals(out, None, tokens_per_second)
+        return out
     if tokens_per_second is None:
         raise ValueError(
             "rope_index: `second_per_grid_ts` needs `tokens_per_second` "
             "(Qwen2.5-VL: config.vision_config.tokens_per_second)"
         )
-    s = torch.as_tensor(second_per_grid_ts).reshape(-1)
+    try:
+        s = torch.as_tensor(second_per_grid_ts)
+        exact = (s if isinstance(second_per_grid_ts, torch.Tensor) else
+                 torch.as_tensor(second_per_grid_ts, dtype=torch.float64)).double().reshape(-1)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise TypeError(f"rope_index: `second_per_grid_ts` must be numbers, one per video, "
+                        f"got {second_per_grid_ts!r}"[:300]) from None
+    if s.dtype == torch.bool or s.is_complex():
+        raise TypeError(f"rope_index: `second_per_grid_ts` must be real numbers, got dtype {s.dtype}")
+    s = s.reshape(-1)
     if s.numel() != num_videos:
         raise ValueError(
             f"rope_index: `second_per_grid_ts` has {s.numel()} entries but `video_grid_thw` has {num_videos} videos; "
             f"give one per video"
         )
-    if not torch.isfinite(s.double()).all() or (s < 0).any():
-        raise ValueError(f"rope_index: `second_per_grid_ts` must be finite and >= 0, got {s.tolist()}")
+    if not torch.isfinite(exact).all() or (exact < 0).any():
+        raise ValueError(f"rope_index: `second_per_grid_ts` must be finite and >= 0, got {exact.tolist()}")
     # same arithmetic (and dtype) as transformers: number times the tensor element
-    return [float(tokens_per_second * s[v]) for v in range(num_videos)]
+    out = [float(tokens_per_second * s[v]) for v in range(num_videos)]
+    _check_intervals(out, exact.tolist(), tokens_per_second)
+    return out
+
+
+def _check_intervals(intervals: list[float], seconds: Optional[list], tokens_per_second) -> None:
+    """Frame intervals must be finite float32 numbers: positions are float32."""
+    for v, iv in enumerate(intervals):
+        if math.isfinite(iv) and iv <= _FLOAT32_MAX:
+            continue
+        what = (f"`tokens_per_second` = {tokens_per_second!r}" if seconds is None else
+                f"`tokens_per_second` = {tokens_per_second!r} × `second_per_grid_ts[{v}]` = {seconds[v]!r}")
+        raise ValueError(
+            f"rope_index: video {v}: {what} gives a frame interval beyond the float32 range "
+            f"({_FLOAT32_MAX:.4g}), so its positions would not be finite float32 numbers"
+        )
 
 
 def _assign(run_len: torch.Tensor, grids: Optional[torch.Tensor], name: str, kind: str) -> torch.Tensor:
@@ -154,15 +216,16 @@ def rope_index(
     axis' own max, which makes cached decoding match a full pass exactly.
     """
     types = _check_2d(mm_token_type_ids, "mm_token_type_ids")
-    if types.is_floating_point():
+    if types.is_floating_point() or types.dtype == torch.bool:
         raise TypeError("rope_index: `mm_token_type_ids` must be an integer tensor (text 0, image 1, video 2)")
     shape = tuple(types.shape)
+    _layout.check_token_count(shape[1], "rope_index: `mm_token_type_ids` sequence length")
     device = input_ids.device if isinstance(input_ids, torch.Tensor) else types.device
     if input_ids is not None:
         _check_2d(input_ids, "input_ids", shape)
     if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
         raise ValueError(f"rope_index: `spatial_merge_size` must be an int >= 1, got {spatial_merge_size!r}")
-    types = types.to("cpu", torch.int64)
+    types = types.to("cpu", torch.int64).contiguous()  # any strides in, one layout for the run encoding
     low, high = torch.aminmax(types) if types.numel() else (torch.tensor(TEXT), torch.tensor(VIDEO))
     if low < TEXT or high > VIDEO:
         raise ValueError(
@@ -182,13 +245,19 @@ def rope_index(
             bad = bool(low < 0 or high > 1)
         if bad:
             raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
-        valid = mask.bool()
-    images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size)
-    videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size)
+        valid = mask.bool().contiguous()
+    if not isinstance(per_axis_deltas, bool):
+        raise TypeError(f"rope_index: `per_axis_deltas` must be True or False, got {per_axis_deltas!r}")
+    images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size, types.numel())
+    videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size, types.numel())
     intervals = _intervals(0 if videos is None else videos.shape[0], second_per_grid_ts, tokens_per_second)
 
-    rule = get_design(design).block_rule
-    check_options(get_design(design), design_options)
+    d = get_design(design)
+    rule = d.block_rule
+    check_options(d, design_options)
+    axes = design_axes(d, Layout([Text(1)]), design_options)  # images and videos are 2-D in every design
+    if axes is not None:
+        _check_coordinates(axes, shape[0], shape[1], f"rope_index: design {d.name!r}")
     if rule is not None and types.numel():
         pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas)
     else:
@@ -199,6 +268,15 @@ def rope_index(
         n_valid = valid.sum(dim=1).double()
         delta = torch.where(n_valid > 0, top + 1.0 - n_valid, 0.0).to(torch.float32)[:, None]
     return pos.to(device), delta.to(device)
+
+
+def _check_coordinates(axes: int, batch: int, length: int, what: str) -> None:
+    if axes * batch * length > MAX_BATCH_COORDINATES:
+        raise ValueError(
+            f"{what} would return {axes} axes × {batch} × {length} = {axes * batch * length} coordinates, more than "
+            f"the limit of {MAX_BATCH_COORDINATES} (ropekit.index.MAX_BATCH_COORDINATES); split the batch "
+            f"or raise the limit knowingly"
+        )
 
 
 def _index_per_layout(
@@ -259,7 +337,8 @@ def _index_per_layout(
         out[valid] = torch.cat(placed)
     width = num_axes if per_axis_deltas else 1
     zero = torch.zeros(width, dtype=torch.float64)
-    delta = torch.stack([zero if d is None else d for d in deltas]).to(torch.float32)
+    delta = torch.stack([zero if d is None else d for d in deltas]) if deltas else torch.zeros(0, width)
+    delta = delta.to(torch.float32)
     return out.permute(2, 0, 1).contiguous(), delta
 
 
@@ -274,9 +353,9 @@ def _runs(types: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch
     change = torch.empty(batch, length, dtype=torch.bool)
     change[:, 0] = True
     torch.ne(code[:, 1:], code[:, :-1], out=change[:, 1:])
-    start = change.view(-1).nonzero().squeeze(1)
+    start = change.reshape(-1).nonzero().squeeze(1)
     run_len = torch.diff(start, append=torch.tensor([batch * length]))
-    return start, run_len, code.view(-1)[start].to(torch.int64) - 1
+    return start, run_len, code.reshape(-1)[start].to(torch.int64) - 1
 
 
 def _fill_by_segment(first: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
@@ -333,6 +412,18 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     block_of_grid = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.int64)
     blocks = [Video(*k) if len(k) == 4 else Image(*k) for k in index]
     return blocks, list(index), block_of_grid
+
+
+def _check_finite(offsets: torch.Tensor, start: torch.Tensor, text_max: int, rule, design_options: dict) -> None:
+    """Every position is a segment start plus an offset (or a text index): bound both, refuse beyond float32."""
+    bound = _abs_max(offsets) + max(text_max, 0) + _abs_max(start)
+    if not bound <= _FLOAT32_MAX:
+        name = getattr(rule, "__name__", "the design").removesuffix("_blocks")
+        raise ValueError(
+            f"rope_index: design {name!r}{describe_options(design_options)} gives positions up to {bound:.4g}, "
+            f"which are not finite float32 numbers (largest finite: {_FLOAT32_MAX:.4g}); video intervals "
+            f"(tokens_per_second × second_per_grid_ts) or design options are too large"
+        )
 
 
 def _index_by_rule(
@@ -416,6 +507,8 @@ def _index_by_rule(
     base[seg_text] = pad_max
     base[seg_vis] = pad_max + text_max + _exclusive_cumsum(block_len)[seg_block[seg_vis]]
 
+    _check_finite(offsets, start, text_max, rule, design_options)
+
     # float32 arithmetic is exact when every value is an integer below 2**24, which is the usual case
     exact32 = _whole(offsets) and _whole(start) and max(_abs_max(offsets), text_max) + _abs_max(start) < 2**24
     dtype = torch.float32 if exact32 else torch.float64
@@ -465,15 +558,26 @@ def decode_positions(
     is ``past_length + k``; with it (shape ``(B, past_length + num_new)``, needed for left-padded
     batches) it counts the valid tokens before, and padded new tokens get the bare delta.
     """
-    if not isinstance(deltas, torch.Tensor) or deltas.ndim != 2:
-        raise ValueError("decode_positions: `deltas` must be the (B, 1) or (B, A) tensor returned by rope_index")
+    if not isinstance(deltas, torch.Tensor):
+        raise TypeError(f"decode_positions: `deltas` must be the (B, 1) or (B, A) tensor returned by rope_index, "
+                        f"got {type(deltas).__name__}")
+    if deltas.ndim != 2:
+        raise ValueError("decode_positions: `deltas` must be the (B, 1) or (B, A) tensor returned by rope_index, "
+                         f"got shape {tuple(deltas.shape)}")
+    if deltas.is_complex() or deltas.dtype == torch.bool or not bool(torch.isfinite(deltas.double()).all()):
+        raise ValueError(f"decode_positions: `deltas` must hold finite real numbers, got dtype {deltas.dtype}")
     for name, v in (("past_length", past_length), ("num_new", num_new), ("num_axes", num_axes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name != "past_length" else 0):
             raise ValueError(f"decode_positions: `{name}` must be an int >= {0 if name == 'past_length' else 1}, got {v!r}")
+    _layout.check_token_count(past_length + num_new, "decode_positions: `past_length` + `num_new`")
+    _check_coordinates(num_axes, deltas.shape[0], num_new, "decode_positions")
     if deltas.shape[1] not in (1, num_axes):
         raise ValueError(
             f"decode_positions: `deltas` has {deltas.shape[1]} columns; expected 1 or num_axes={num_axes}"
         )
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"decode_positions: `attention_mask` must be a torch.Tensor of shape "
+                        f"(B, past_length + num_new), got {type(attention_mask).__name__}")
     d = deltas.to(torch.float32).T[:, :, None]  # (1 or A, B, 1)
     if attention_mask is None:
         idx = torch.arange(past_length, past_length + num_new, device=deltas.device, dtype=torch.float32)

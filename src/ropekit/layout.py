@@ -3,32 +3,97 @@
 A layout is a tuple of segments: ``Text(n)``, ``Image(h, w)``, ``Video(t, h, w)`` and the N-D
 ``Grid(*sizes)``. Sizes count *tokens* (after any patch merging). The compact string form is
 ``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"``, ``"G4x4x4"``; a video may carry its temporal interval
-(M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``.
+(M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``. ``str(layout)`` writes intervals exactly, so
+``Layout.parse(str(layout)) == layout`` for every layout.
+
+Sizes may be any int up to ``2**63 - 1`` (a layout is only a description); what may actually be
+*placed* is bounded by :data:`MAX_TOKENS`, checked before anything token-sized is allocated.
 """
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Iterable, Union
 
 import torch
 
-__all__ = ["Text", "Image", "Video", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID"]
+__all__ = ["Text", "Image", "Video", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID", "MAX_TOKENS",
+           "check_token_count"]
 
 # token-type codes, shared with Hugging Face's ``mm_token_type_ids`` (text 0, image 1, video 2)
 TEXT, IMAGE, VIDEO, GRID = 0, 1, 2, 3
 
+#: Most tokens one sequence may have when its positions (or token types) are built. Above ``2**24`` a
+#: float32 position can no longer hold every integer index, so neighbouring tokens would share a
+#: position. Raise it (``ropekit.layout.MAX_TOKENS = ...``) only for designs whose positions stay small.
+MAX_TOKENS = 2**24
+
+_INT64_MAX = 2**63 - 1
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 
 def _check_size(value: object, name: str, what: str) -> int:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy integers too
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+                and value.dtype != torch.bool:
             value = int(value)
         else:
-            raise TypeError(f"{what}: `{name}` must be an int, got {type(value).__name__} ({value!r})")
+            raise TypeError(f"{what}: `{name}` must be an int, got {type(value).__name__} ({_show(value)})")
     if value < 1:
         raise ValueError(f"{what}: `{name}` must be >= 1, got {value}; an empty or negative grid has no tokens")
+    if value > _INT64_MAX:
+        raise ValueError(f"{what}: `{name}` = {_show(value)} is too large; sizes are token counts and must be < 2**63")
     return value
+
+
+def _show(value: object) -> str:
+    """``repr`` of a value for an error message, with huge numbers cut to their first digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def _check_total(count: int, what: str) -> None:
+    if count > _INT64_MAX:
+        raise ValueError(f"{what} holds {_show(count)} tokens, more than 2**63 - 1; a sequence this long cannot be "
+                         f"indexed")
+
+
+def check_token_count(count: int, what: str) -> None:
+    """Refuse to build per-token tensors for more than :data:`MAX_TOKENS` tokens (ValueError with the count)."""
+    if count > MAX_TOKENS:
+        raise ValueError(
+            f"{what}: {count} tokens exceed the limit of {MAX_TOKENS} (ropekit.layout.MAX_TOKENS); float32 "
+            f"positions are exact integers only up to 2**24. Use a smaller layout, or raise the limit knowingly"
+        )
+
+
+def _check_interval(value: object) -> float:
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, numbers.Real, torch.Tensor)):
+        raise TypeError(f"Video: `interval` must be a number, got {type(value).__name__} ({_show(value)})")
+    if isinstance(value, torch.Tensor) and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()):
+        raise TypeError(f"Video: `interval` must be a number or a one-element tensor, got a tensor of shape "
+                        f"{tuple(value.shape)} and dtype {value.dtype}")
+    try:
+        iv = float(value)
+    except OverflowError:
+        raise ValueError(f"Video: `interval` = {_show(value)} is too large; positions are float32 "
+                         f"(largest finite {_FLOAT32_MAX:.4g})") from None
+    if not math.isfinite(iv) or iv < 0:
+        raise ValueError(f"Video: `interval` must be a finite number >= 0, got {value!r}")
+    if iv > _FLOAT32_MAX:
+        raise ValueError(f"Video: `interval` = {iv!r} would make positions that are not finite float32 numbers "
+                         f"(largest finite float32: {_FLOAT32_MAX:.4g}); use a smaller interval")
+    return iv
+
+
+def _format_float(x: float) -> str:
+    """Shortest text that reads back as exactly ``x`` (``2.5``, ``0.3333333333333333``, ``1e-05``)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 @dataclass(frozen=True)
@@ -60,6 +125,7 @@ class Image:
     def __post_init__(self) -> None:
         object.__setattr__(self, "h", _check_size(self.h, "h", "Image"))
         object.__setattr__(self, "w", _check_size(self.w, "w", "Image"))
+        _check_total(self.h * self.w, f"Image({self.h}, {self.w})")
 
     @property
     def num_tokens(self) -> int:
@@ -83,10 +149,8 @@ class Video:
     def __post_init__(self) -> None:
         for name in ("t", "h", "w"):
             object.__setattr__(self, name, _check_size(getattr(self, name), name, "Video"))
-        iv = float(self.interval)
-        if not math.isfinite(iv) or iv < 0:
-            raise ValueError(f"Video: `interval` must be a finite number >= 0, got {self.interval!r}")
-        object.__setattr__(self, "interval", iv)
+        _check_total(self.t * self.h * self.w, f"Video({self.t}, {self.h}, {self.w})")
+        object.__setattr__(self, "interval", _check_interval(self.interval))
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +159,7 @@ class Video:
     kind = VIDEO
 
     def __str__(self) -> str:
-        tail = "" if self.interval == 1.0 else f"@{self.interval:g}"
+        tail = "" if self.interval == 1.0 else f"@{_format_float(self.interval)}"
         return f"V{self.t}x{self.h}x{self.w}{tail}"
 
 
@@ -111,6 +175,7 @@ class Grid:
         if not sizes:
             raise ValueError("Grid: give at least one size, e.g. Grid(14, 14)")
         checked = tuple(_check_size(s, f"sizes[{i}]", "Grid") for i, s in enumerate(sizes))
+        _check_total(math.prod(checked), f"Grid{checked}")
         object.__setattr__(self, "sizes", checked)
 
     @property
@@ -141,8 +206,18 @@ def _parse_segment(tok: str) -> Segment:
     if g[1] is not None:
         return Image(int(g[1]), int(g[2]))
     if g[3] is not None:
-        return Video(int(g[3]), int(g[4]), int(g[5]), float(g[6]) if g[6] is not None else 1.0)
+        return Video(int(g[3]), int(g[4]), int(g[5]), _parse_interval(g[6], tok) if g[6] is not None else 1.0)
     return Grid(*(int(s) for s in g[7].split("x")))
+
+
+def _parse_interval(text: str, tok: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            f"Layout.parse: segment {tok!r} has interval {text!r}, which is not a number; "
+            f"write the interval after '@' as a decimal number, e.g. 'V8x3x3@2.5' or 'V8x3x3@1e-3'"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -160,6 +235,7 @@ class Layout:
                 raise TypeError(
                     f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video or Grid"
                 )
+        _check_total(sum(s.num_tokens for s in segs), "Layout")
         object.__setattr__(self, "segments", segs)
 
     @classmethod
@@ -209,4 +285,5 @@ class Layout:
 
     def token_types(self) -> torch.Tensor:
         """Per-token modality code (text 0, image 1, video 2, grid 3), shape ``(L,)``."""
+        check_token_count(self.num_tokens, "Layout.token_types")
         return torch.cat([torch.full((s.num_tokens,), s.kind, dtype=torch.long) for s in self.segments])

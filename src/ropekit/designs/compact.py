@@ -28,9 +28,10 @@ def compact_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Ten
     summary="RoPE-Compact: M-RoPE blocks, text resumes per axis from that axis' max + 1",
     allocation="mrope",
     block_rule=compact_blocks,
+    axes=3,
 )
 def compact(layout: Layout) -> torch.Tensor:
-    """Positions ``(L, 3)`` on the (t, h, w) axes (SPEC §3 ``compact``).
+    """Positions ``(L, 3)`` on the (t, h, w) axes (RoPE-Compact).
 
     The running index is kept per axis. Text advances all three axes together; a vision block is
     placed as in M-RoPE from the per-axis running index, and afterwards every axis resumes at its

@@ -32,6 +32,9 @@ def draw_temporal_scale(scales: Sequence[float], generator: "torch.Generator | i
         )
     if isinstance(generator, int):
         generator = torch.Generator().manual_seed(generator)
+    if isinstance(scales, (str, bytes)) or not isinstance(scales, Sequence):
+        raise TypeError(f"hope: `scales` must be a sequence of temporal scales, e.g. {TRAIN_SCALES}, "
+                        f"got {type(scales).__name__}")
     values = [_check_positive(s, "scales[i]", "hope") for s in scales]
     if not values:
         raise ValueError("hope: `scales` must hold at least one temporal scale, e.g. (0.5, 0.75, 1.0, 1.25, 1.5)")

@@ -1,7 +1,7 @@
 """M-RoPE ("spatial", RoPE-3D; Qwen2-VL / Qwen2.5-VL): vision tokens get (t, h, w) indices.
 
 A vision block that starts at ``s`` places token (frame f, row i, col j) at
-``(s + floor(f·Δt), s + i, s + j)`` (SPEC §3 "M-RoPE"). Text sits on the diagonal. Two rules for
+``(s + floor(f·Δt), s + i, s + j)``. Text sits on the diagonal. Two rules for
 where text resumes after a block exist in the wild; both are offered through ``continuation``.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..layout import Layout, Segment, Video
+from ..layout import Layout, Segment, Video, check_token_count
 from ._common import frame_grid
 from .registry import block_rows, register, video_blocks, walk
 
@@ -36,6 +36,9 @@ def vision_block(video: Video, start: "float | torch.Tensor") -> torch.Tensor:
     ``start`` is the block's start index: a number (the usual case, all three axes start together)
     or a ``(3,)`` tensor giving one start per axis (used by RoPE-Compact after a previous block).
     """
+    if not isinstance(video, Video):
+        raise TypeError(f"vision_block: `video` must be a ropekit.Video, got {type(video).__name__}")
+    check_token_count(video.num_tokens, "vision_block")
     rows, cols = frame_grid(video.h, video.w)
     hw = video.h * video.w
     t = temporal_index(video.t, video.interval).repeat_interleave(hw)
@@ -85,9 +88,10 @@ def mrope_blocks(segments: Sequence[Segment], continuation: str = "max") -> tupl
     allocation="mrope",
     aliases=("spatial", "rope3d"),
     block_rule=mrope_blocks,
+    axes=3,
 )
 def mrope(layout: Layout, continuation: str = "max") -> torch.Tensor:
-    """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w) (SPEC §3 "M-RoPE").
+    """Qwen2-VL / Qwen2.5-VL multimodal positions, 3 axes (t, h, w).
 
     ``continuation="max"`` (default): text after a block starts at the block's largest coordinate
     over all three axes + 1 (the original Qwen code and transformers 4.x).

@@ -1,6 +1,6 @@
 """The design registry: a position design is one function ``layout -> (L, A) float32`` plus an entry here.
 
-Most designs are *translation-structured* (SPEC §3 notation): a running start vector ``p`` (one entry
+Most designs are *translation-structured*: a running start vector ``p`` (one entry
 per axis) places a text run of ``n`` tokens at ``p + k`` on every axis and advances ``p`` by ``n``; a
 vision segment sits at ``p + offsets`` and advances ``p`` by a vector, both depending only on the
 segment itself. Such a design registers a *block rule* that returns the offsets and advances of many
@@ -15,11 +15,18 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .. import layout as _layout
 from ..layout import Image, Layout, Segment, Text, Video
 from ._common import as_video
 
 __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
-           "block_rows"]
+           "block_rows", "MAX_WORK"]
+
+#: Most coordinates (tokens × axes) one :func:`positions` call may build; checked, with the token count
+#: (:data:`ropekit.layout.MAX_TOKENS`), before the design runs. 2**26 coordinates are 256 MiB as float32;
+#: the designs work in float64 with a few temporaries, so a call at the limit peaks near 2 GiB.
+#: Raise it (``ropekit.designs.registry.MAX_WORK = ...``) on purpose for bigger layouts.
+MAX_WORK = 2**26
 
 #: ``rule(segments, **options) -> (offsets, advance)``: for vision segments ``s_0 … s_{S-1}``, the
 #: coordinates of their tokens relative to the block start, concatenated in order ``(Σ n_k, A)``, and
@@ -33,7 +40,7 @@ BlockRule = Callable[..., "tuple[torch.Tensor, ...]"]
 
 @dataclass(frozen=True)
 class Design:
-    """A registered position design (SPEC §3)."""
+    """A registered position design: its function, one-line summary, usual allocation and optional rule."""
 
     name: str
     fn: Callable[..., torch.Tensor]
@@ -43,6 +50,8 @@ class Design:
     block_rule: Optional[BlockRule] = None  # set for translation-structured designs (see module doc)
     # axes whose largest coordinate + 1 is where text continues (decoding deltas); None: all axes
     delta_axes: Optional[tuple] = None
+    #: number of axes: an int, or ``axes(layout, **options) -> int`` when it depends on them; None: unknown
+    axes: "int | Callable[..., int] | None" = None
 
     @property
     def options(self) -> tuple:
@@ -58,13 +67,16 @@ _ALIASES: dict[str, str] = {}
 def register(
     name: str, *, summary: str, allocation: str, aliases: tuple = (), block_rule: Optional[BlockRule] = None,
     delta_axes: Optional[tuple] = None,
+    axes: "int | Callable[..., int] | None" = None,
 ) -> Callable:
     """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
 
     ``block_rule`` (optional) declares the design translation-structured; it must take the same
     options as ``fn`` and ``fn`` must equal :func:`walk` over it. ``delta_axes`` (optional) names the
     axes whose largest coordinate + 1 is where text continues, for designs where another axis may
-    reach further (VideoRoPE's centred rows): :func:`ropekit.rope_index` takes its deltas from them.
+    reach further (VideoRoPE's centred rows): :func:`ropekit.rope_index` takes its deltas from them. ``axes``
+    (optional) gives ``A``, as an int or as ``axes(layout, **options)``, so that :func:`positions` can
+    refuse oversized work before the design allocates anything.
     """
     if block_rule is not None and not callable(block_rule):
         raise TypeError(f"register: `block_rule` must be a function (segments, **options) -> (offsets, advance), "
@@ -73,7 +85,7 @@ def register(
     def deco(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
-        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes)
+        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes, axes)
         for a in aliases:
             _ALIASES[a] = name
         return fn
@@ -121,14 +133,58 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
     """Coordinates of every token of ``layout`` under ``design``: float32 tensor ``(L, A)``.
 
     ``layout`` is a :class:`~ropekit.Layout` or its string form (``"T3 I4x4 T2"``).
+
+    Refused with a ValueError before anything is allocated: more than :data:`ropekit.layout.MAX_TOKENS`
+    tokens or more than :data:`MAX_WORK` coordinates (tokens × axes). Refused after placing: positions
+    that are not finite float32 numbers (huge intervals, radii, offsets).
     """
     lay = Layout.coerce(layout)
     d = get_design(design)
     check_options(d, options)
+    check_work(d, lay, options)
     out = d.fn(lay, **options)
     if out.shape[0] != lay.num_tokens or out.ndim != 2:
         raise RuntimeError(f"design {d.name!r} returned shape {tuple(out.shape)} for {lay.num_tokens} tokens")
-    return out.to(torch.float32)
+    out = out.to(torch.float32)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"positions: design {d.name!r}{describe_options(options)} on layout {_short(lay)} gives positions that "
+            f"are not finite float32 numbers (largest finite: {torch.finfo(torch.float32).max:.4g}); "
+            f"use smaller intervals or design options"
+        )
+    return out
+
+
+def _short(lay: Layout, limit: int = 80) -> str:
+    text = str(lay)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def describe_options(options: dict) -> str:
+    """`` with option=value, …`` for error messages (empty without options)."""
+    if not options:
+        return ""
+    return " with " + ", ".join(f"{k}={v!r}"[:60] for k, v in options.items())
+
+
+def num_axes(design: Design, layout: Layout, options: dict) -> Optional[int]:
+    """The design's number of axes for ``layout`` and ``options`` without placing anything (None: unknown)."""
+    if design.axes is None or isinstance(design.axes, int):
+        return design.axes
+    return design.axes(layout, **options)
+
+
+def check_work(design: Design, layout: Layout, options: dict) -> None:
+    """Refuse layouts over :data:`ropekit.layout.MAX_TOKENS` tokens or :data:`MAX_WORK` coordinates."""
+    tokens = layout.num_tokens
+    _layout.check_token_count(tokens, f"positions({_short(layout)}, {design.name!r})")
+    axes = num_axes(design, layout, options)
+    if axes is not None and tokens * axes > MAX_WORK:
+        raise ValueError(
+            f"positions: design {design.name!r}{describe_options(options)} would build {tokens} tokens × {axes} "
+            f"axes = {tokens * axes} coordinates, more than the limit of {MAX_WORK} "
+            f"(ropekit.designs.registry.MAX_WORK); use a smaller layout or fewer axes, or raise the limit knowingly"
+        )
 
 
 def ragged_arange(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +242,7 @@ def block_rows(
 
 
 def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
-    """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the shared walk of SPEC §3).
+    """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the walk every translation-structured design shares).
 
     The running start ``p`` begins at 0 on every axis; text takes ``p, p+1, …`` (per axis) and moves
     ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance. The

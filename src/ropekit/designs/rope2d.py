@@ -67,9 +67,10 @@ def rope2d_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tens
     summary="RoPE-2D (Pixtral-style): per-frame (row, col), frames one after another, text on the diagonal",
     allocation="interleaved",
     block_rule=rope2d_blocks,
+    axes=2,
 )
 def rope2d(layout: Layout) -> torch.Tensor:
-    """RoPE-2D positions ``(L, 2)`` on the (row, col) axes (SPEC §3 ``rope2d``).
+    """RoPE-2D positions ``(L, 2)`` on the (row, col) axes.
 
     Images and 2-D grids are one frame, videos and 3-D grids ``T`` frames; the next frame (or the
     text after the block) starts ``max(H, W)`` after the previous frame's start.

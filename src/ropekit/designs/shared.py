@@ -24,7 +24,8 @@ def shared_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tens
     allocation="1d",
     aliases=("unordered",),
     block_rule=shared_blocks,
+    axes=1,
 )
 def shared(layout: Layout) -> torch.Tensor:
-    """Image → one index ``s``; video frame f → ``s + f``; text after the block ``+1`` (SPEC §3)."""
+    """Image → one index ``s``; video frame f → ``s + f``; text after the block ``+1``."""
     return walk(layout, shared_blocks)

@@ -24,7 +24,8 @@ def vanilla_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Ten
     allocation="1d",
     aliases=("hard",),
     block_rule=vanilla_blocks,
+    axes=1,
 )
 def vanilla(layout: Layout) -> torch.Tensor:
-    """Positions ``0 … L-1`` on one axis (SPEC §3 ``vanilla``)."""
+    """Positions ``0 … L-1`` on one axis."""
     return walk(layout, vanilla_blocks)

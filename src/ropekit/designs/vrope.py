@@ -11,10 +11,10 @@ coordinates is ``P_f`` plus, for each spatial axis, either the index or its refl
 **N spatial axes.** The same rule gives ``2^N`` coordinates, one per *flip pattern*
 ``b ∈ {0,1}^N`` (``b_a = 1``: axis a contributes ``size_a - 1 - x_a`` instead of ``x_a``).
 Coordinates are listed by the binary number ``b_0 b_1 … b_{N-1}`` (first axis most significant),
-which for N = 2 is exactly the released reference order ``(u+, v-, v+, u-)`` above (SPEC §3).
+which for N = 2 is exactly the released reference order ``(u+, v-, v+, u-)`` above (the default).
 ``order="paper"`` lists them as eq. 8 does, ``(u+, u-, v+, v-)``: for N axes, the patterns whose last
 bit is 0 in binary order, each followed by its complement. A frame spans ``sum(sizes) - N + 1``
-indices; the next frame, or the text after the block, starts right after it (SPEC: text after a
+indices; the next frame, or the text after the block, starts right after it (text after a
 ``T``-frame block starts at ``s + T·(H + W - 1)``). Text repeats its index on every axis.
 
 Properties (tested): reflecting any set of axes only permutes a token's coordinates (index
@@ -28,21 +28,33 @@ vision segments of a layout must share one spatial rank, since the number of axe
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
-from ..layout import Grid, Image, Layout, Segment, Text, Video
+from ..layout import Grid, Image, Layout, Segment, Text, Video, check_token_count
 from .registry import ragged_arange, register, walk
 
-__all__ = ["vrope", "vrope_blocks", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS"]
+__all__ = ["vrope", "vrope_blocks", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS",
+           "MAX_SPATIAL_DIMS"]
 
 ORDERS = ("reference", "paper")
 
+#: Largest N accepted: VRoPE gives every token 2^N coordinates and each needs at least one frequency pair,
+#: so N = 10 (1024 coordinates) already needs a rotary dimension of 2048.
+MAX_SPATIAL_DIMS = 10
 
-def _check_rank(spatial_dims: int) -> int:
+
+def _check_rank(spatial_dims: int, name: str = "`spatial_dims`") -> int:
     if isinstance(spatial_dims, bool) or not isinstance(spatial_dims, int) or spatial_dims < 1:
-        raise ValueError(f"vrope: `spatial_dims` must be an int >= 1 (2 for images/videos), got {spatial_dims!r}")
+        raise ValueError(f"vrope: {name} must be an int >= 1 (2 for images/videos), got {spatial_dims!r}")
+    if spatial_dims > MAX_SPATIAL_DIMS:
+        raise ValueError(
+            f"vrope: {name} is {spatial_dims}, which gives 2**{spatial_dims} coordinates per token; each needs at "
+            f"least one frequency pair, so at most {MAX_SPATIAL_DIMS} spatial axes are accepted "
+            f"(ropekit.designs.vrope.MAX_SPATIAL_DIMS)"
+        )
     return spatial_dims
 
 
@@ -83,12 +95,23 @@ def frame_coordinates(sizes: Sequence[int], start: float = 0.0, order: str = "re
     sizes = list(sizes)
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"vrope: frame `sizes` must be a non-empty list of ints >= 1, got {sizes}")
+    _check_rank(len(sizes), "the number of frame `sizes`")
+    check_token_count(math.prod(sizes), "vrope: frame_coordinates")
     grids = torch.meshgrid(*(torch.arange(s, dtype=torch.float64) for s in sizes), indexing="ij")
     x = torch.stack([g.reshape(-1) for g in grids], dim=1)  # (n, N)
     reflected = torch.tensor(sizes, dtype=torch.float64) - 1.0 - x
-    flips = flip_patterns(len(sizes), order).to(torch.bool)  # (2^N, N)
-    picked = torch.where(flips[None, :, :], reflected[:, None, :], x[:, None, :])  # (n, 2^N, N)
-    return picked.sum(-1) + float(start)
+    return _pick(x, reflected, flip_patterns(len(sizes), order)) + float(start)
+
+
+def _pick(x: torch.Tensor, reflected: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """``Σ_a (reflected[:, a] if flips[c, a] else x[:, a])`` for every coordinate c: ``(tokens, 2^N)`` float64.
+
+    Summed one axis at a time, so no ``(tokens, 2^N, N)`` temporary is built.
+    """
+    out = torch.zeros(x.shape[0], flips.shape[0], dtype=torch.float64)
+    for a in range(flips.shape[1]):
+        out += torch.where(flips[:, a].to(torch.bool)[None], reflected[:, a: a + 1], x[:, a: a + 1])
+    return out
 
 
 def _frames(seg: Segment) -> tuple[int, tuple]:
@@ -124,7 +147,14 @@ def _spatial_rank(segments: Sequence[Segment], spatial_dims: int | None) -> int:
             f"N-D grids, so every vision segment of one sequence must have the same number of spatial axes "
             f"(images/videos are 2-D)"
         )
-    return next(iter(ranks), 2)
+    rank, seg = next(iter(ranks.items()), (2, None))
+    return _check_rank(rank, f"the rank of segment {seg}")
+
+
+def vrope_axes(layout: Layout, spatial_dims: int | None = None, order: str = "reference") -> int:
+    """Number of VRoPE axes for ``layout``: ``2^N`` (checks the options, places nothing)."""
+    _check_order(order)
+    return 2 ** _spatial_rank([s for s in layout if not isinstance(s, Text)], spatial_dims)
 
 
 def vrope_blocks(
@@ -149,9 +179,7 @@ def vrope_blocks(
         rest = rest // tok_size[:, a]
     x = torch.stack(digits[::-1], dim=1).to(torch.float64)  # (tokens, N)
     reflected = tok_size.to(torch.float64) - 1.0 - x
-    flips = flip_patterns(n, order).to(torch.bool)  # (2^N, N)
-    picked = torch.where(flips[None], reflected[:, None, :], x[:, None, :]).sum(-1)  # (tokens, 2^N)
-    offsets = picked + (frame * step[owner]).to(torch.float64)[:, None]
+    offsets = _pick(x, reflected, flip_patterns(n, order)) + (frame * step[owner]).to(torch.float64)[:, None]
     return offsets, (t * step).to(torch.float64)[:, None].expand(-1, 2**n).contiguous()
 
 
@@ -160,13 +188,14 @@ def vrope_blocks(
     summary="VRoPE: 2^N symmetric rotated coordinates per token (4 on video frames), text continues seamlessly",
     allocation="vrope",
     block_rule=vrope_blocks,
+    axes=vrope_axes,
 )
 def vrope(layout: Layout, spatial_dims: int | None = None, order: str = "reference") -> torch.Tensor:
-    """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7; SPEC §3 "VRoPE").
+    """VRoPE positions ``(L, 2^N)`` (paper §4.1-4.2, eq. 6-7).
 
     ``spatial_dims`` (N) is read from the layout's vision segments (2 for images/videos, the rank for
     a ``Grid``); give it to fix the number of axes of a text-only layout (default 2, i.e. 4 axes).
-    ``order`` chooses the coordinate order: ``"reference"`` (released code, SPEC) or ``"paper"`` (eq. 8).
+    ``order`` chooses the coordinate order: ``"reference"`` (released code, the default) or ``"paper"`` (eq. 8).
     Pair with ``frequency_matrix("vrope", D, 2**N)``: frequency k uses coordinate ``k mod 2^N``.
     """
     return walk(layout, vrope_blocks, spatial_dims=spatial_dims, order=order)
