@@ -24,7 +24,8 @@ from transformers import (
 import ropekit
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
-import ropekit.hf.patch as hfpatch
+import ropekit.hf.hooks as hfhooks
+import ropekit.hf.state as hfstate
 
 IMG, VID, PAD = 70, 71, 0
 SECTIONS = [2, 3, 3]  # head_dim 16
@@ -305,7 +306,7 @@ def test_cached_generation_matches_teacher_forcing(qwen2, design):
 
 def test_generation_past_the_placed_text(qwen2, monkeypatch):
     """The continuation table grows when generation runs past what the prompt placed ahead."""
-    monkeypatch.setattr(hfpatch, "FOLLOW", 1)
+    monkeypatch.setattr(hfstate, "FOLLOW", 1)
     inputs, _ = make_batch(pad="left")
     patch_model(qwen2, ("vrope", "compact"), age="alternate")
     _generate_and_replay(qwen2, inputs, new=5)
@@ -389,8 +390,8 @@ def test_age_all_and_none_reduce_to_single_designs(qwen2, monkeypatch):
         patch_model(qwen2, "vrope", age="none")
         assert torch.equal(qwen2(**inputs).logits, plain)
         calls = []
-        real = hfpatch.angles
-        monkeypatch.setattr(hfpatch, "angles", lambda *a: calls.append(1) or real(*a))
+        real = hfhooks.angles
+        monkeypatch.setattr(hfhooks, "angles", lambda *a: calls.append(1) or real(*a))
         patch_model(qwen2, "vrope", age="alternate")
         mixed = qwen2(**inputs).logits
     assert len(calls) == 2  # cos/sin once per geometry per forward, not per layer
