@@ -34,7 +34,3 @@ class Adapter:
     def video_grids(self, video_grid_thw: Any) -> Any:
         """The video grids ropekit places (a family may split a video into per-frame grids)."""
         return video_grid_thw
-
-    def frames(self, video_grid_thw: torch.Tensor) -> torch.Tensor:
-        """How many grids :meth:`video_grids` makes of each video (1 each unless overridden)."""
-        return torch.ones(len(video_grid_thw), dtype=torch.long)
