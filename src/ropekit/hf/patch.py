@@ -5,16 +5,15 @@
 - its multimodal positions come from a ropekit design (float coordinates allowed), computed with
   :func:`ropekit.index.rope_index` from the same inputs transformers uses (``mm_token_type_ids``,
   ``image_grid_thw``, ``video_grid_thw``, ``attention_mask``);
-- its rotation is the frequency matrix of a ropekit allocation (SPEC §4), evaluated once per geometry
+- its rotation is the frequency matrix of a ropekit allocation (docs/hf.md), evaluated once per geometry
   per forward (Circle-RoPE paper §4.2: AGE gives each decoder layer one of several geometries);
 - cached decoding reads every geometry's positions for the text after the prompt from the design
   itself, so ``generate`` sees exactly the positions one teacher-forced forward over the whole
   sequence gives.
 
-Four hooks are set as instance attributes and removed again by :func:`unpatch_model`: the model's
-``compute_3d_position_ids`` (positions), the text model's ``rotary_emb.forward`` (cos/sin per geometry),
-each decoder layer's ``forward`` (picks its geometry's cos/sin) and, on the generation class,
-``_prepare_position_ids_for_generation`` (so ``generate`` lets the model place its tokens itself).
+The hooks (:mod:`ropekit.hf.hooks`) are instance attributes that :func:`unpatch_model` removes again;
+the position state lives in :mod:`ropekit.hf.state`; what differs between model families is in one
+small adapter per family (:mod:`ropekit.hf.adapters`).
 """
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
 from .adapters import ADAPTERS, Adapter
-from .hooks import _make_compute, _make_generation_positions, _make_layer, _make_rotary
-from .state import _MISSING, _Geometry, _State
+from . import hooks
+from .state import _Geometry, _State
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
 
@@ -133,11 +132,6 @@ def _geometry(
 # public API
 
 
-def _set(state: _State, obj: Any, name: str, value: Any) -> None:
-    state.saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
-    obj.__dict__[name] = value
-
-
 def patch_model(
     model: nn.Module,
     design: Union[str, Sequence[str]] = "mrope",
@@ -161,7 +155,7 @@ def patch_model(
     """
     top, inner, text, adapter = _parts(model)
     if is_patched(inner):
-        unpatch_model(inner)
+        _remove(top, inner, text)
     layers = list(text.layers)
     names = _resolve_layers(design, age, len(layers))
     primary = names[0] if age is None else get_design(design if isinstance(design, str) else design[0]).name
@@ -203,29 +197,33 @@ def patch_model(
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
     )
-    _set(state, inner, "compute_3d_position_ids", _make_compute(state))
-    _set(state, text.rotary_emb, "forward", _make_rotary(state))
+    hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
+    hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
-        _set(state, layer, "forward", _make_layer(state, layer, i))
+        hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
-        _set(state, top, "_prepare_position_ids_for_generation", _make_generation_positions(state))
+        hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state)
     inner.__dict__[_STATE_ATTR] = state
     return model
 
 
 def unpatch_model(model: nn.Module) -> nn.Module:
     """Remove :func:`patch_model`'s hooks: the instance behaves as the stock model again."""
-    top, inner, _, _ = _parts(model)
+    top, inner, text, _ = _parts(model)
     state = inner.__dict__.get(_STATE_ATTR)
     if state is None:
         raise ValueError("unpatch_model: the model is not patched (call patch_model first)")
-    for obj, name, previous in reversed(state.saved):
-        if previous is _MISSING:
-            obj.__dict__.pop(name, None)
-        else:
-            obj.__dict__[name] = previous
-    del inner.__dict__[_STATE_ATTR]
+    _remove(top, inner, text)
     return model
+
+
+def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None:
+    hooks.remove(top, "_prepare_position_ids_for_generation")
+    for layer in text.layers:
+        hooks.remove(layer, "forward")
+    hooks.remove(text.rotary_emb, "forward")
+    hooks.remove(inner, "compute_3d_position_ids")
+    inner.__dict__.pop(_STATE_ATTR, None)
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:
