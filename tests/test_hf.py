@@ -538,3 +538,22 @@ def test_errors(qwen2):
     no_types = {k: v for k, v in no_types.items() if not k.startswith("pixel")}
     with pytest.raises(ValueError, match="mm_token_type_ids"):
         qwen2(inputs_embeds=emb, **no_types)
+
+
+@pytest.mark.parametrize("design", ["circle", "vrope", "compact", "mrope"])
+def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, design):
+    """Item: image tokens arriving after a KV cache were placed as text when mm_token_type_ids was omitted."""
+    inputs, _ = make_batch(pad="left")
+    patch_model(qwen2, design)
+    with torch.no_grad():
+        out = qwen2(**inputs, use_cache=True)
+        B = inputs["input_ids"].shape[0]
+        mask = torch.cat([inputs["attention_mask"], torch.ones(B, 2, dtype=torch.long)], dim=1)
+        step = dict(past_key_values=out.past_key_values, attention_mask=mask, use_cache=True)
+        new = torch.tensor([[5, IMG], [6, 7]])
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(input_ids=new, **step)
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(input_ids=torch.tensor([[5, 8], [6, VID]]), **step)
+        # declared text by mm_token_type_ids: the same ids are text, as the caller says
+        qwen2(input_ids=new, mm_token_type_ids=torch.zeros_like(new), **step)
