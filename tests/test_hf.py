@@ -557,3 +557,32 @@ def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, desig
             qwen2(input_ids=torch.tensor([[5, 8], [6, VID]]), **step)
         # declared text by mm_token_type_ids: the same ids are text, as the caller says
         qwen2(input_ids=new, mm_token_type_ids=torch.zeros_like(new), **step)
+
+
+def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
+    """Compiled decoding cannot grow the continuation table: past its end the text run keeps its last
+    step. Reference: eager decoding, which places the longer run with the design itself."""
+    monkeypatch.setattr(hfstate, "FOLLOW", 2)
+    inputs, _ = make_batch(pad="left")
+    patch_model(qwen2, ("compact", "vrope"), age="alternate")  # compact's text leaves the diagonal
+
+    def run(forward):
+        with torch.no_grad():
+            out = qwen2(**inputs, use_cache=True)
+            cache, mask, seen = out.past_key_values, inputs["attention_mask"], []
+            for _ in range(4):
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+                out = forward(input_ids=nxt, mm_token_type_ids=torch.zeros_like(nxt), attention_mask=mask,
+                              past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                seen.append((last_positions(qwen2), out.logits[:, -1]))
+        return seen
+
+    eager = run(qwen2.forward)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(qwen2.forward, fullgraph=True, backend="eager"))
+    for (pe, le), (pc, lc) in zip(eager, compiled):
+        for i in pe:
+            torch.testing.assert_close(pc[i], pe[i], rtol=0, atol=1e-5)
+        torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-5)

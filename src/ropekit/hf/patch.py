@@ -143,7 +143,7 @@ def patch_model(
 ) -> nn.Module:
     """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance use ropekit positions and rotations.
 
-    ``design`` names the position design (SPEC §3). With ``age`` (an AGE schedule, Circle-RoPE paper
+    ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one
     bool/design name per layer) layers on the schedule get ``design`` (or the first of a pair of names)
     and the others the second design (M-RoPE by default). ``allocation`` overrides the frequency
