@@ -505,6 +505,12 @@ def test_gradient_checkpointing_gives_the_same_gradients(qwen2):
 def test_errors(qwen2):
     with pytest.raises(ValueError, match="unsupported model type.*qwen2_vl"):
         patch_model(nn.Linear(2, 2), "mrope")
+    with pytest.raises(TypeError, match="`design` must be a design name.*NoneType"):
+        patch_model(qwen2, None)
+    with pytest.raises(TypeError, match="`age` must be an AGE schedule"):
+        patch_model(qwen2, "vrope", age=3)
+    with pytest.raises(TypeError, match="`options` maps a design name"):
+        patch_model(qwen2, "vrope", options=3)
     with pytest.raises(ValueError, match="unknown design 'spiral'"):
         patch_model(qwen2, "spiral")
     with pytest.raises(TypeError, match="unknown option.*'radius'"):

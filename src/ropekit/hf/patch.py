@@ -81,6 +81,16 @@ def is_patched(model: nn.Module) -> bool:
 
 def _resolve_layers(design: Union[str, Sequence[str]], age: Any, num_layers: int) -> list[str]:
     """Design name per decoder layer: ``design`` everywhere, or an AGE schedule (paper §4.2)."""
+    if not isinstance(design, (str, tuple, list)):
+        raise TypeError(
+            f"patch_model: `design` must be a design name (see ropekit.designs()) or, with `age=`, a pair of "
+            f"names; got {type(design).__name__} {design!r}"
+        )
+    if age is not None and not isinstance(age, (str, tuple, list)):
+        raise TypeError(
+            f"patch_model: `age` must be an AGE schedule name (e.g. 'alternate') or one bool/design name per "
+            f"layer; got {type(age).__name__} {age!r}"
+        )
     if age is None:
         if not isinstance(design, str):
             raise TypeError(
@@ -160,6 +170,8 @@ def patch_model(
     names = _resolve_layers(design, age, len(layers))
     primary = names[0] if age is None else get_design(design if isinstance(design, str) else design[0]).name
     per_design: dict[str, dict] = {}
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"patch_model: `options` maps a design name to a dict of its options, got {options!r}")
     for k, v in (options or {}).items():
         if not isinstance(v, Mapping):
             raise TypeError(f"patch_model: `options` maps a design name to a dict of its options, got {k!r}: {v!r}")
