@@ -592,3 +592,18 @@ def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
         for i in pe:
             torch.testing.assert_close(pc[i], pe[i], rtol=0, atol=1e-5)
         torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_declares_its_tokens_text(qwen2):
+    """A text prompt without mm_token_type_ids: generated tokens that carry the image token id are text
+    (as in stock generate), not refused as images after the cache."""
+    ids, _ = text_batch()
+
+    def gen():
+        with torch.no_grad():
+            # sequence_bias makes the model emit the image token id
+            return qwen2.generate(input_ids=ids, max_new_tokens=3, do_sample=False, sequence_bias={(IMG,): 1e4})
+    ref = gen()
+    assert (ref[:, ids.shape[1]:] == IMG).all()
+    patch_model(qwen2, "vrope")
+    assert torch.equal(gen(), ref)

@@ -102,8 +102,9 @@ def compute_3d_position_ids(
         state.stash = None
         if has_grids and mm_token_type_ids is None and input_ids is None:
             _grids_without_types()
-        st.check_no_vision(st.token_types(state, input_ids, mm_token_type_ids, batch, length, ref.device)
-                           if (mm_token_type_ids is not None or input_ids is not None) else None)
+        if mm_token_type_ids is not None or input_ids is not None:
+            new = st.token_types(state, input_ids, mm_token_type_ids, batch, length, ref.device)
+            st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
         if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
             mask = None  # not a mask over cache + new tokens
         st.decode(state, mask, past, batch, length, ref.device)
@@ -158,9 +159,10 @@ def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor,
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
     hook.owner.model.rope_deltas = st.rope_deltas(state)
+    if given is None:  # generate extends these with zeros, so what it generates is declared text
+        types = state.prompt.types
+        model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
     state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
-    if given is None:
-        model_kwargs["mm_token_type_ids"] = state.prompt.types.to(inputs_tensor.device)
     return None
 
 
