@@ -131,6 +131,7 @@ def test_multimodal_forward_matches_stock(pair):
     inputs = image_batch()
     keep = inputs["attention_mask"].bool()
     assert torch.equal(_logits(patched, **inputs)[keep], _logits(stock, **inputs)[keep])
+    assert torch.equal(patched.model.rope_deltas, stock.model.rope_deltas)  # a forward with grids sets them
 
 
 def test_image_tokens_without_grids_are_text_as_in_stock(pair):
