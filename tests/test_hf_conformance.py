@@ -72,23 +72,34 @@ BUILDERS = {
 FAMILIES = list(BUILDERS)
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def pair(request):
+def _pair(family):
     """(stock model, patched copy with the same weights)."""
     torch.manual_seed(0)
-    stock = BUILDERS[request.param]().eval()
+    stock = BUILDERS[family]().eval()
     stock.generation_config.pad_token_id = PAD
     stock.generation_config.eos_token_id = None
     patched = patch_model(copy.deepcopy(stock), "mrope", continuation="spatial")
     return stock, patched
 
 
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    return _pair(request.param)
+
+
+@pytest.fixture(scope="module", params=FAMILIES[:3])
+def compiled_pair(request):
+    """The three families for the compile tests (the small-head config adds nothing to graph safety)."""
+    return _pair(request.param)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_deltas(request):
     """Every test starts with no cached rope_deltas on either model (stock reads them)."""
-    if "pair" in request.fixturenames:
-        for m in request.getfixturevalue("pair"):
-            m.model.rope_deltas = None
+    for name in ("pair", "compiled_pair"):
+        if name in request.fixturenames:
+            for m in request.getfixturevalue(name):
+                m.model.rope_deltas = None
     yield
 
 
@@ -204,9 +215,9 @@ def _unpadded(inputs):
     return out
 
 
-def test_compiled_fullgraph_decoding_matches_stock(pair):
+def test_compiled_fullgraph_decoding_matches_stock(compiled_pair):
     """Decoding is graph-safe: ``torch.compile(forward, fullgraph=True)`` raises on any graph break."""
-    stock, patched = pair
+    stock, patched = compiled_pair
     inputs = _unpadded(image_batch())
     torch._dynamo.reset()
     want = _decode_steps(stock, inputs, stock.forward)  # stock compiles too; its eager steps are the reference
@@ -215,9 +226,9 @@ def test_compiled_fullgraph_decoding_matches_stock(pair):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_generate_with_static_cache_matches_stock(pair):
+def test_compiled_generate_with_static_cache_matches_stock(compiled_pair):
     """``generate`` with a static cache compiles the decoding forward with fullgraph=True."""
-    stock, patched = pair
+    stock, patched = compiled_pair
     inputs = image_batch()
     config = CompileConfig(fullgraph=True, backend="eager")
     config._compile_all_devices = True  # compile on the CPU too
