@@ -607,3 +607,17 @@ def test_generate_declares_its_tokens_text(qwen2):
     assert (ref[:, ids.shape[1]:] == IMG).all()
     patch_model(qwen2, "vrope")
     assert torch.equal(gen(), ref)
+
+
+def test_a_left_over_generate_placement_is_not_reused_for_another_mask(qwen2):
+    """Positions generate placed for a padded prompt (say, generate failed right after) must not drive
+    a later forward of the same ids without a mask: that one counts every token."""
+    ids, _ = text_batch()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        ref = qwen2(input_ids=ids).logits
+        patch_model(qwen2, "vrope")
+        qwen2._prepare_position_ids_for_generation(ids, {"input_ids": ids, "attention_mask": mask})
+        out = qwen2(input_ids=ids).logits
+    assert torch.equal(out, ref)

@@ -96,8 +96,9 @@ def compute_3d_position_ids(
     mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 else None
     has_grids = image_grid_thw is not None or video_grid_thw is not None
     if not cached:
+        mask_4d = attention_mask is not None and mask is None  # generate's 4-D mask (or a dict of them)
         _prefill_forward(hook, input_ids, mm_token_type_ids, (image_grid_thw, video_grid_thw, second_per_grid_ts),
-                         mask, batch, length, ref.device)
+                         mask, mask_4d, batch, length, ref.device)
     else:
         state.stash = None
         if has_grids and mm_token_type_ids is None and input_ids is None:
@@ -118,7 +119,7 @@ def _grids_without_types() -> None:
     )
 
 
-def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, batch, length, device) -> None:
+def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device) -> None:
     state = hook.state
     if mask is not None:
         mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
@@ -126,7 +127,7 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, batc
     if has_grids and mm_token_type_ids is None and input_ids is None:
         _grids_without_types()
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
-    if has_grids or not st.from_stash(state, types, mask):
+    if has_grids or not st.from_stash(state, types, mask, mask_4d):
         st.prefill(state, types, grids, mask, device)
         if has_grids and input_ids is not None and mm_token_type_ids is not None:
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt

@@ -167,8 +167,12 @@ def rope_deltas(state: _State) -> Optional[torch.Tensor]:
     return delta.long() if bool((delta == delta.round()).all()) else delta.float()
 
 
-def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
-    """Use the positions ``generate`` placed for this prompt (it hands the grids to the vision tower only)."""
+def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], mask_4d: bool = False) -> bool:
+    """Use the positions ``generate`` placed for this prompt (it hands the grids to the vision tower only).
+
+    ``mask_4d``: the forward got a 4-D mask or a dict of them (generate builds those from its 2-D mask
+    for compileable caches), so only the token types can be compared.
+    """
     stash, state.stash = state.stash, None
     if stash is None:
         return False
@@ -183,10 +187,12 @@ def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor])
         s_mask = None if s_mask is None else s_mask.repeat_interleave(k, dim=0)
     if s_types.shape != types.shape or not torch.equal(s_types, types.cpu()):
         return False
-    # no 2-D mask here: generate hands a compileable cache a 4-D mask built from the one placed with
-    same_mask = mask is None or (s_mask is None and bool((mask == 1).all())) or (
-        s_mask is not None and torch.equal(mask, s_mask)
-    )
+    if mask is None and not mask_4d:
+        same_mask = s_mask is None or bool((s_mask == 1).all())
+    else:
+        same_mask = mask is None or (s_mask is None and bool((mask == 1).all())) or (
+            s_mask is not None and torch.equal(mask, s_mask)
+        )
     if not same_mask:
         return False
     state.prompt = s_prompt
