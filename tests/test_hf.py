@@ -561,6 +561,9 @@ def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, desig
             qwen2(input_ids=new, **step)
         with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
             qwen2(input_ids=torch.tensor([[5, 8], [6, VID]]), **step)
+        embeds = qwen2.get_input_embeddings()(new)  # no ids: the image token's embedding gives it away
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(inputs_embeds=embeds, **step)
         # declared text by mm_token_type_ids: the same ids are text, as the caller says
         qwen2(input_ids=new, mm_token_type_ids=torch.zeros_like(new), **step)
 

@@ -105,11 +105,25 @@ def compute_3d_position_ids(
             _grids_without_types()
         if mm_token_type_ids is not None or input_ids is not None:
             new = st.token_types(state, input_ids, mm_token_type_ids, batch, length, ref.device)
-            st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
+        else:
+            new = _types_from_embeddings(hook, inputs_embeds)
+        st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
         if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
             mask = None  # not a mask over cache + new tokens
         st.decode(state, mask, past, batch, length, ref.device)
     return None
+
+
+def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Tensor:
+    """Vision tokens among ``inputs_embeds`` without ids: rows equal to the image/video token's embedding
+    (how transformers finds its placeholders when it has no ids)."""
+    state, table = hook.state, hook.owner.get_input_embeddings()
+    types = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+    for kind, token in ((1, state.image_token_id), (2, state.video_token_id)):
+        if token is not None:
+            row = table(torch.tensor(token, device=inputs_embeds.device)).to(inputs_embeds.dtype)
+            types = types.masked_fill((inputs_embeds == row).all(-1), kind)
+    return types
 
 
 def _grids_without_types() -> None:
