@@ -24,7 +24,8 @@ from transformers import (
 import ropekit
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
-import ropekit.hf.patch as hfpatch
+import ropekit.hf.hooks as hfhooks
+import ropekit.hf.state as hfstate
 
 IMG, VID, PAD = 70, 71, 0
 SECTIONS = [2, 3, 3]  # head_dim 16
@@ -309,7 +310,7 @@ def test_cached_generation_matches_teacher_forcing(qwen2, design):
 
 def test_generation_past_the_placed_text(qwen2, monkeypatch):
     """The continuation table grows when generation runs past what the prompt placed ahead."""
-    monkeypatch.setattr(hfpatch, "FOLLOW", 1)
+    monkeypatch.setattr(hfstate, "FOLLOW", 1)
     inputs, _ = make_batch(pad="left")
     patch_model(qwen2, ("vrope", "compact"), age="alternate")
     _generate_and_replay(qwen2, inputs, new=5)
@@ -393,8 +394,8 @@ def test_age_all_and_none_reduce_to_single_designs(qwen2, monkeypatch):
         patch_model(qwen2, "vrope", age="none")
         assert torch.equal(qwen2(**inputs).logits, plain)
         calls = []
-        real = hfpatch.angles
-        monkeypatch.setattr(hfpatch, "angles", lambda *a: calls.append(1) or real(*a))
+        real = hfhooks.angles
+        monkeypatch.setattr(hfhooks, "angles", lambda *a: calls.append(1) or real(*a))
         patch_model(qwen2, "vrope", age="alternate")
         mixed = qwen2(**inputs).logits
     assert len(calls) == 2  # cos/sin once per geometry per forward, not per layer
@@ -508,6 +509,12 @@ def test_gradient_checkpointing_gives_the_same_gradients(qwen2):
 def test_errors(qwen2):
     with pytest.raises(ValueError, match="unsupported model type.*qwen2_vl"):
         patch_model(nn.Linear(2, 2), "mrope")
+    with pytest.raises(TypeError, match="`design` must be a design name.*NoneType"):
+        patch_model(qwen2, None)
+    with pytest.raises(TypeError, match="`age` must be an AGE schedule"):
+        patch_model(qwen2, "vrope", age=3)
+    with pytest.raises(TypeError, match="`options` maps a design name"):
+        patch_model(qwen2, "vrope", options=3)
     with pytest.raises(ValueError, match="unknown design 'spiral'"):
         patch_model(qwen2, "spiral")
     with pytest.raises(TypeError, match="unknown option.*'radius'"):
@@ -541,3 +548,83 @@ def test_errors(qwen2):
     no_types = {k: v for k, v in no_types.items() if not k.startswith("pixel")}
     with pytest.raises(ValueError, match="mm_token_type_ids"):
         qwen2(inputs_embeds=emb, **no_types)
+
+
+@pytest.mark.parametrize("design", ["circle", "vrope", "compact", "mrope"])
+def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, design):
+    """Item: image tokens arriving after a KV cache were placed as text when mm_token_type_ids was omitted."""
+    inputs, _ = make_batch(pad="left")
+    patch_model(qwen2, design)
+    with torch.no_grad():
+        out = qwen2(**inputs, use_cache=True)
+        B = inputs["input_ids"].shape[0]
+        mask = torch.cat([inputs["attention_mask"], torch.ones(B, 2, dtype=torch.long)], dim=1)
+        step = dict(past_key_values=out.past_key_values, attention_mask=mask, use_cache=True)
+        new = torch.tensor([[5, IMG], [6, 7]])
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(input_ids=new, **step)
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(input_ids=torch.tensor([[5, 8], [6, VID]]), **step)
+        embeds = qwen2.get_input_embeddings()(new)  # no ids: the image token's embedding gives it away
+        with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
+            qwen2(inputs_embeds=embeds, **step)
+        # declared text by mm_token_type_ids: the same ids are text, as the caller says
+        qwen2(input_ids=new, mm_token_type_ids=torch.zeros_like(new), **step)
+
+
+def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
+    """Compiled decoding cannot grow the continuation table: past its end the text run keeps its last
+    step. Reference: eager decoding, which places the longer run with the design itself."""
+    monkeypatch.setattr(hfstate, "FOLLOW", 2)
+    inputs, _ = make_batch(pad="left")
+    patch_model(qwen2, ("compact", "vrope"), age="alternate")  # compact's text leaves the diagonal
+
+    def run(forward):
+        with torch.no_grad():
+            out = qwen2(**inputs, use_cache=True)
+            cache, mask, seen = out.past_key_values, inputs["attention_mask"], []
+            for _ in range(4):
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+                out = forward(input_ids=nxt, mm_token_type_ids=torch.zeros_like(nxt), attention_mask=mask,
+                              past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                seen.append((last_positions(qwen2), out.logits[:, -1]))
+        return seen
+
+    eager = run(qwen2.forward)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(qwen2.forward, fullgraph=True, backend="eager"))
+    for (pe, le), (pc, lc) in zip(eager, compiled):
+        for i in pe:
+            torch.testing.assert_close(pc[i], pe[i], rtol=0, atol=1e-5)
+        torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_declares_its_tokens_text(qwen2):
+    """A text prompt without mm_token_type_ids: generated tokens that carry the image token id are text
+    (as in stock generate), not refused as images after the cache."""
+    ids, _ = text_batch()
+
+    def gen():
+        with torch.no_grad():
+            # sequence_bias makes the model emit the image token id
+            return qwen2.generate(input_ids=ids, max_new_tokens=3, do_sample=False, sequence_bias={(IMG,): 1e4})
+    ref = gen()
+    assert (ref[:, ids.shape[1]:] == IMG).all()
+    patch_model(qwen2, "vrope")
+    assert torch.equal(gen(), ref)
+
+
+def test_a_left_over_generate_placement_is_not_reused_for_another_mask(qwen2):
+    """Positions generate placed for a padded prompt (say, generate failed right after) must not drive
+    a later forward of the same ids without a mask: that one counts every token."""
+    ids, _ = text_batch()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        ref = qwen2(input_ids=ids).logits
+        patch_model(qwen2, "vrope")
+        qwen2._prepare_position_ids_for_generation(ids, {"input_ids": ids, "attention_mask": mask})
+        out = qwen2(input_ids=ids).logits
+    assert torch.equal(out, ref)

@@ -1,4 +1,4 @@
-"""Hugging Face transformers integration: ropekit designs, allocations and AGE in Qwen-VL models (SPEC §6)."""
+"""Hugging Face transformers integration: ropekit designs, allocations and AGE in Qwen-VL models (docs/hf.md)."""
 from .patch import SUPPORTED_MODEL_TYPES, is_patched, last_positions, layer_designs, patch_model, unpatch_model
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]

@@ -1,0 +1,235 @@
+"""The hooks of a patched model, and how they are installed and removed.
+
+Each hook is a :class:`Hook` object set as an instance attribute (never on the transformers class). It
+holds the module it sits on, what that attribute was before and the shared patch state, and nothing
+else: ``copy.deepcopy`` and ``pickle`` copy it along with the model, so a copy's hooks run the copy's
+modules and read the copy's state, and :func:`remove` on the copy restores the copy's own methods.
+
+Four attributes are hooked: the bare model's ``compute_3d_position_ids`` (positions), the text model's
+``rotary_emb.forward`` (cos/sin per geometry), each decoder layer's ``forward`` (its geometry's cos/sin)
+and, on the generation class, ``_prepare_position_ids_for_generation`` (so ``generate`` lets the model
+place its tokens itself).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from ..apply.planar import cos_sin
+from ..rotations.planar import angles
+from . import state as st
+
+_MISSING = "<missing>"  # a picklable marker: the attribute was not set on the instance before
+
+
+class Hook:
+    """``owner.<name>`` replaced by ``fn(hook, *args, **kwargs)``; ``fn`` is a module-level function."""
+
+    def __init__(self, owner: nn.Module, name: str, fn: Callable, state: st._State, **data: Any):
+        self.owner, self.name, self.fn, self.state = owner, name, fn, state
+        previous = owner.__dict__.get(name, _MISSING)
+        self.previous = previous.previous if isinstance(previous, Hook) else previous  # never chain patches
+        self.__dict__.update(data)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(self, *args, **kwargs)
+
+    def call_previous(self, *args: Any, **kwargs: Any) -> Any:
+        """What the attribute did before the patch (the class method unless one was set on the instance)."""
+        if isinstance(self.previous, str) and self.previous == _MISSING:
+            return getattr(type(self.owner), self.name)(self.owner, *args, **kwargs)
+        return self.previous(*args, **kwargs)
+
+
+def install(owner: nn.Module, name: str, fn: Callable, state: st._State, **data: Any) -> None:
+    owner.__dict__[name] = Hook(owner, name, fn, state, **data)
+
+
+def remove(owner: Optional[nn.Module], name: str) -> None:
+    """Undo :func:`install` on ``owner`` (no-op where no ropekit hook is set)."""
+    hook = None if owner is None else owner.__dict__.get(name)
+    if not isinstance(hook, Hook):
+        return
+    if isinstance(hook.previous, str) and hook.previous == _MISSING:
+        del owner.__dict__[name]
+    else:
+        owner.__dict__[name] = hook.previous
+
+
+class _Embeddings(tuple):
+    """``(cos, sin)`` of the first geometry that also carries every geometry's pair and positions.
+
+    Decoder layers receive this object through ``position_embeddings``; patched layers pick their own
+    geometry from it, so a re-run under gradient checkpointing sees the same values as the first run.
+    """
+
+    geoms: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    positions: dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------------
+# positions
+
+
+def _cache_length(cache: Any) -> tuple[bool, Any]:
+    """(whether the cache holds tokens, how many): an int, or a 0-d tensor for static caches."""
+    if cache is None:
+        return False, 0
+    n = cache.get_seq_length()
+    if isinstance(n, torch.Tensor):  # static caches count on the device; ask whether they were written
+        return bool(getattr(cache, "is_initialized", True)), n
+    return n > 0, n
+
+
+def compute_3d_position_ids(
+    hook: Hook, input_ids=None, inputs_embeds=None, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
+    past_key_values=None, mm_token_type_ids=None, second_per_grid_ts=None, **_: Any,
+):
+    """ropekit replacement: stores every geometry's positions for the rotary hook; returns None."""
+    state = hook.state
+    state.pending = None
+    ref = inputs_embeds if inputs_embeds is not None else input_ids
+    batch, length = ref.shape[:2]
+    cached, past = _cache_length(past_key_values)
+    mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 else None
+    has_grids = image_grid_thw is not None or video_grid_thw is not None
+    if not cached:
+        mask_4d = attention_mask is not None and mask is None  # generate's 4-D mask (or a dict of them)
+        _prefill_forward(hook, input_ids, mm_token_type_ids, (image_grid_thw, video_grid_thw, second_per_grid_ts),
+                         mask, mask_4d, batch, length, ref.device)
+    else:
+        state.stash = None
+        if has_grids and mm_token_type_ids is None and input_ids is None:
+            _grids_without_types()
+        if mm_token_type_ids is not None or input_ids is not None:
+            new = st.token_types(state, input_ids, mm_token_type_ids, batch, length, ref.device)
+        else:
+            new = _types_from_embeddings(hook, inputs_embeds)
+        st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
+        if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
+            mask = None  # not a mask over cache + new tokens
+        st.decode(state, mask, past, batch, length, ref.device)
+    return None
+
+
+def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Tensor:
+    """Vision tokens among ``inputs_embeds`` without ids: rows equal to the image/video token's embedding
+    (how transformers finds its placeholders when it has no ids)."""
+    state, table = hook.state, hook.owner.get_input_embeddings()
+    types = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+    for kind, token in ((1, state.image_token_id), (2, state.video_token_id)):
+        if token is not None:
+            row = table(torch.tensor(token, device=inputs_embeds.device)).to(inputs_embeds.dtype)
+            types = types.masked_fill((inputs_embeds == row).all(-1), kind)
+    return types
+
+
+def _grids_without_types() -> None:
+    raise ValueError(
+        "patched model: image/video grids were given with `inputs_embeds` but no `mm_token_type_ids`; "
+        "pass mm_token_type_ids (text 0, image 1, video 2) so the design can place the tokens"
+    )
+
+
+def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device) -> None:
+    state = hook.state
+    if mask is not None:
+        mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
+    has_grids = grids[0] is not None or grids[1] is not None
+    if has_grids and mm_token_type_ids is None and input_ids is None:
+        _grids_without_types()
+    types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
+    if has_grids or not st.from_stash(state, types, mask, mask_4d):
+        st.prefill(state, types, grids, mask, device)
+        if has_grids and input_ids is not None and mm_token_type_ids is not None:
+            hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
+
+
+def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
+    """Place the prompt while ``generate`` still holds the grids; the model places every later token.
+
+    Returning None keeps ``generate`` from passing (and extending) position ids of its own. Like
+    transformers, this sets the bare model's ``rope_deltas``; it also hands ``generate`` the token types,
+    so that tokens it generates are text by declaration, whatever their id.
+    """
+    state = hook.state
+    state.stash = None
+    cached, _ = _cache_length(model_kwargs.get("past_key_values"))
+    if cached:
+        return None
+    input_ids = model_kwargs.get("input_ids")
+    if input_ids is None or input_ids.shape[1] == 0:
+        is_ids = inputs_tensor.ndim == 2 and not inputs_tensor.is_floating_point()
+        input_ids = inputs_tensor if is_ids else None
+    batch, length = inputs_tensor.shape[:2]
+    grids = (model_kwargs.get("image_grid_thw"), model_kwargs.get("video_grid_thw"),
+             model_kwargs.get("second_per_grid_ts"))
+    given = model_kwargs.get("mm_token_type_ids")
+    if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
+        _grids_without_types()
+    types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
+    mask = model_kwargs.get("attention_mask")
+    mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
+    hook.owner.model.rope_deltas = st.rope_deltas(state)
+    if given is None:  # generate extends these with zeros, so what it generates is declared text
+        types = state.prompt.types
+        model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
+    state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# rotation
+
+
+def _fallback_positions(state: st._State, position_ids: torch.Tensor, batch: int, length: int) -> dict:
+    """Positions when the model was given ``position_ids`` itself (no design placement this forward)."""
+    ids = position_ids if position_ids.ndim == 3 else position_ids[None]
+    ids = ids.expand(-1, batch, -1).float()
+    out = {}
+    for name, geo in state.geometries.items():
+        A = geo.W.shape[0]
+        if ids.shape[0] == A:
+            out[name] = ids
+        elif bool((ids == ids[:1]).all()):
+            out[name] = ids[:1].expand(A, -1, -1)
+        else:
+            raise ValueError(
+                f"patched model: explicit position_ids with {ids.shape[0]} axes cannot drive design {name!r} "
+                f"({A} axes); pass position_ids=None and let the patched model place the tokens"
+            )
+    return out
+
+
+def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _Embeddings:
+    """cos/sin of every geometry, once per forward (angles in float32)."""
+    state = hook.state
+    batch, length = x.shape[0], x.shape[1]
+    pending, state.pending = state.pending, None
+    if pending is None or any(tuple(p.shape[1:]) != (batch, length) for p in pending.values()):
+        pending = _fallback_positions(state, position_ids, batch, length)
+    geoms = {}
+    with torch.no_grad():
+        for name, geo in state.geometries.items():
+            pos = pending[name].to(x.device, torch.float32)
+            c, s = cos_sin(angles(pos.permute(1, 2, 0), geo.W.to(x.device)))
+            # the model's own apply uses rotate-half tables, so each half repeats the pair's value
+            cos = torch.cat([c, c], dim=-1) * state.scaling
+            sin = torch.cat([s, s], dim=-1) * state.scaling
+            geoms[name] = (cos.to(x.dtype), sin.to(x.dtype))
+    first = geoms[state.layer_geometry[0]]
+    out = _Embeddings(first)
+    out.geoms, out.positions = geoms, pending
+    return out
+
+
+def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
+    """Run the layer with the cos/sin of its own geometry."""
+    emb = kwargs.get("position_embeddings")
+    if isinstance(emb, _Embeddings):
+        kwargs["position_embeddings"] = emb.geoms[hook.geometry]
+        hook.state.last[hook.index] = emb.positions[hook.geometry]
+    return hook.call_previous(*args, **kwargs)

@@ -1,0 +1,269 @@
+"""Position state of a patched model: the placed prompt, the text that may follow it, decode offsets.
+
+At the prompt every geometry places the prompt followed by ``FOLLOW`` text tokens and keeps the
+positions of that run (the continuation table); a cached forward reads the positions of its new tokens
+off that table, so ``generate`` sees exactly what one teacher-forced forward over the whole sequence
+gives. Reading the table is plain tensor arithmetic (no data-dependent Python branching), so a decoding
+step compiles with ``torch.compile(fullgraph=True)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ..index import rope_index
+from .adapters import Adapter
+
+FOLLOW = 64  # text tokens placed ahead at the prompt; eager decoding doubles the table when it runs past
+
+
+@dataclass
+class _Geometry:
+    """One position design with its options and frequency matrix ``W (A, D/2)``."""
+
+    design: str
+    options: dict
+    allocation: str
+    W: torch.Tensor
+
+
+@dataclass
+class _Prompt:
+    """A placed prompt (un-expanded batch) and the positions of the text that may follow it."""
+
+    types: torch.Tensor  # (B, L) token types as placed, on the CPU
+    mask: Optional[torch.Tensor]  # (B, L) 0/1 on the CPU, or None
+    grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts) as placed
+    counts: torch.Tensor  # (B,) valid prompt tokens, on the model's device
+    table: dict[str, torch.Tensor]  # per geometry (A, B, M) on the model's device: the next M text tokens
+
+
+@dataclass
+class _State:
+    """Everything a patched model needs between its hooks (kept on the bare model instance)."""
+
+    adapter: Adapter
+    geometries: dict[str, _Geometry]
+    layer_geometry: list[str]
+    scaling: float
+    merge: int
+    tokens_per_second: Optional[float]
+    image_token_id: Optional[int]
+    video_token_id: Optional[int]
+    prompt: Optional[_Prompt] = None  # the last prompt placed, for cached decoding
+    pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
+    stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
+    last: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# token types
+
+
+def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length: int, device) -> torch.Tensor:
+    """Token types (text 0, image 1, video 2): ``mm_token_type_ids``, else read off the vision token ids."""
+    if mm_token_type_ids is not None:
+        return mm_token_type_ids.to(device=device, dtype=torch.long)
+    if input_ids is not None:
+        types = torch.zeros_like(input_ids, dtype=torch.long)
+        if state.image_token_id is not None:
+            types = types.masked_fill(input_ids == state.image_token_id, 1)
+        if state.video_token_id is not None:
+            types = types.masked_fill(input_ids == state.video_token_id, 2)
+        return types
+    return torch.zeros(batch, length, dtype=torch.long, device=device)
+
+
+def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], grids: tuple) -> tuple:
+    """The grid rows of the vision tokens the attention mask keeps, as transformers consumes them.
+
+    transformers places only unmasked tokens and takes grid rows in order as it meets vision blocks, so
+    rows of images hidden by the mask are left over at the end. When tokens of a kind are hidden, the
+    rows past those the visible tokens fill are dropped; otherwise the grids are used as given (and a
+    mismatch is an error further down).
+    """
+    if mask is None:
+        return grids
+    images, videos, seconds = grids
+    out = []
+    for kind, g in ((1, images), (2, videos)):
+        is_kind = types == kind
+        hidden = bool((is_kind & (mask == 0)).any())
+        if g is None or not hidden:
+            out.append(g)
+            continue
+        g = torch.as_tensor(g)
+        tokens = g.prod(dim=1) // (state.merge ** 2)
+        visible = int((is_kind & (mask != 0)).sum())
+        used = int((tokens.cumsum(0) <= visible).sum())
+        out.append(g[:used])
+        if kind == 2 and seconds is not None:
+            seconds = torch.as_tensor(seconds)[:used]
+    return out[0], out[1], seconds
+
+
+# --------------------------------------------------------------------------------------------------
+# the prompt
+
+
+def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor]:
+    """Each geometry's positions ``(A, B, L + extra)`` of the prompt followed by ``extra`` text tokens."""
+    types, mask = prompt.types, prompt.mask
+    batch = types.shape[0]
+    ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
+    ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
+    image_grid_thw, video_grid_thw, seconds = prompt.grids
+    video_grid_thw = state.adapter.video_grids(video_grid_thw)
+    timing = {}
+    if state.tokens_per_second is not None:
+        timing = dict(tokens_per_second=state.tokens_per_second, second_per_grid_ts=seconds)
+    out = {}
+    for name, geo in state.geometries.items():
+        try:
+            out[name], _ = rope_index(
+                None, ext_types, image_grid_thw, video_grid_thw, ext_mask, design=name,
+                spatial_merge_size=state.merge, **timing, **geo.options,
+            )
+        except ValueError as e:
+            raise ValueError(f"patched model (design {name!r}): {e}") from None
+    return out
+
+
+def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> None:
+    """Positions of a fresh sequence for every geometry, plus where the text after it goes.
+
+    ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts).
+    Without any grid every token is text, as in transformers (image tokens with no grid are placed as text).
+    """
+    if grids[0] is None and grids[1] is None:
+        types = torch.zeros_like(types)
+    grids = _visible_grids(state, types, mask, grids)
+    if mask is not None:
+        types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
+    length = types.shape[1]
+    counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
+    prompt = _Prompt(types, mask, grids, counts.to(device), {})
+    placed = _place(state, prompt, FOLLOW)
+    prompt.table = {n: p[:, :, length:].to(device) for n, p in placed.items()}
+    state.prompt = prompt
+    state.pending = {n: p[:, :, :length].to(device) for n, p in placed.items()}
+
+
+def rope_deltas(state: _State) -> Optional[torch.Tensor]:
+    """transformers' ``rope_deltas`` of the last prompt: largest position + 1 − valid tokens, ``(B, 1)``.
+
+    Read from the first layer's geometry; integer (as transformers) when the positions are whole numbers.
+    """
+    prompt = state.prompt
+    if prompt is None or state.pending is None:
+        return None
+    pos = state.pending[state.layer_geometry[0]]
+    valid = torch.ones(pos.shape[1:], dtype=torch.bool) if prompt.mask is None else prompt.mask.bool()
+    top = pos.masked_fill(~valid.to(pos.device)[None], float("-inf")).amax(dim=(0, 2))
+    top = torch.where(prompt.counts > 0, top, torch.zeros_like(top))  # an all-padding row has delta 0
+    delta = (top.double() + 1 - prompt.counts.double())[:, None]
+    return delta.long() if bool((delta == delta.round()).all()) else delta.float()
+
+
+def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], mask_4d: bool = False) -> bool:
+    """Use the positions ``generate`` placed for this prompt (it hands the grids to the vision tower only).
+
+    ``mask_4d``: the forward got a 4-D mask or a dict of them (generate builds those from its 2-D mask
+    for compileable caches), so only the token types can be compared.
+    """
+    stash, state.stash = state.stash, None
+    if stash is None:
+        return False
+    s_types, s_mask, s_pos, s_prompt = stash
+    batch = types.shape[0]
+    k = 1
+    if batch != s_types.shape[0]:
+        if batch % s_types.shape[0]:
+            return False
+        k = batch // s_types.shape[0]
+        s_types = s_types.repeat_interleave(k, dim=0)
+        s_mask = None if s_mask is None else s_mask.repeat_interleave(k, dim=0)
+    if s_types.shape != types.shape or not torch.equal(s_types, types.cpu()):
+        return False
+    if mask is None and not mask_4d:
+        same_mask = s_mask is None or bool((s_mask == 1).all())
+    else:
+        same_mask = mask is None or (s_mask is None and bool((mask == 1).all())) or (
+            s_mask is not None and torch.equal(mask, s_mask)
+        )
+    if not same_mask:
+        return False
+    state.prompt = s_prompt
+    state.pending = {n: p.repeat_interleave(k, dim=1) for n, p in s_pos.items()} if k > 1 else s_pos
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# cached decoding
+
+
+def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
+    """Refuse image/video tokens after a KV cache: their grids cannot be placed incrementally."""
+    if new_types is None:
+        return
+    message = (
+        "patched model: image/video tokens after a KV cache are not supported (the new tokens hold the "
+        "image/video token id or a non-zero mm_token_type_ids); run the whole sequence again without "
+        "past_key_values"
+    )
+    if torch.compiler.is_compiling():
+        torch._assert_async((new_types == 0).all(), message)  # checked on the device, no graph break
+    elif bool((new_types != 0).any()):
+        raise ValueError(message)
+
+
+def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> None:
+    """Positions of ``length`` new text tokens after ``past`` cached ones, read off each geometry's table.
+
+    ``past`` is an int or a 0-d tensor (static caches); ``mask`` a 2-D 0/1 mask over cache + new tokens
+    or None. Without a mask, token ``i`` of this step is text token ``past + i − L`` after a prompt of
+    padded length ``L`` (generate's layout); with one, the count of unmasked tokens since the prompt.
+    """
+    prompt = state.prompt
+    if prompt is None:
+        raise ValueError(
+            "patched model: a cached forward needs the prompt to have gone through the patched model first "
+            "(call patch_model before the prefill, or rerun without past_key_values)"
+        )
+    base = prompt.counts.shape[0]
+    if batch % base:
+        raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} cached sequences")
+    k = batch // base
+    counts = prompt.counts.repeat_interleave(k) if k > 1 else prompt.counts
+    step = torch.arange(length, device=device)
+    if mask is not None:
+        keep = mask != 0
+        after = keep.long().cumsum(-1)[:, -length:] - 1 - counts[:, None]
+        new = keep[:, -length:]
+    else:
+        after = (past - prompt.types.shape[1] + step).expand(batch, length).to(device)
+        new = torch.ones(batch, length, dtype=torch.bool, device=device)
+    after = after.clamp(min=0)  # text tokens since the prompt
+    size = next(iter(prompt.table.values())).shape[2]
+    if not torch.compiler.is_compiling():
+        need = int(after.max()) + 1 if after.numel() else 0
+        if need > size:  # eager only: place further ahead so every position comes from the design itself
+            grow = max(2 * size, need)
+            placed = _place(state, prompt, grow)
+            prompt.table = {n: p[:, :, -grow:].to(device) for n, p in placed.items()}
+            size = grow
+    state.pending = {name: _read(table, after, new, k) for name, table in prompt.table.items()}
+
+
+def _read(table: torch.Tensor, after: torch.Tensor, new: torch.Tensor, k: int) -> torch.Tensor:
+    """Entries ``after`` of a continuation table ``(A, B, M)``, continued with its last step past the end."""
+    t = table.repeat_interleave(k, dim=1) if k > 1 else table
+    size = t.shape[2]
+    idx = after.clamp(max=size - 1)
+    pos = t.gather(2, idx[None].expand(t.shape[0], -1, -1))
+    if size > 1:  # compiled decoding past the table: the text run keeps its last step
+        slope = (t[:, :, -1] - t[:, :, -2])[:, :, None]
+        pos = pos + (after - idx)[None].to(pos.dtype) * slope
+    return pos.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass

@@ -1,0 +1,284 @@
+"""The stock-equivalent patch behaves as the stock transformers model in the scenarios of transformers'
+own Qwen2-VL / Qwen2.5-VL / Qwen3-VL test suites.
+
+Reference: the unpatched transformers model (same weights) on tiny random configs. The patch under test
+is ``patch_model(model, "mrope", continuation="spatial")``, which reproduces transformers 5.x M-RoPE.
+"""
+import copy
+import os
+import pickle
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+from transformers import (
+    CompileConfig,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+
+from ropekit.hf import is_patched, patch_model, unpatch_model
+
+IMG, VID, PAD = 70, 71, 0
+PATCH_DIM = 3 * 2 * 2 * 2  # channels · temporal patch · patch²
+TEXT = dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1, vocab_size=80,
+            num_hidden_layers=2)
+ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+
+
+def _qwen2():
+    return Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=dict(TEXT, rope_parameters=ROPE),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                           patch_size=2, temporal_patch_size=2),
+        image_token_id=IMG, video_token_id=VID,
+    ))
+
+
+def _qwen25():
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config=dict(TEXT, rope_parameters=ROPE),
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=2, tokens_per_second=2, fullatt_block_indexes=[0], patch_size=2,
+                           temporal_patch_size=2, window_size=8),
+        image_token_id=IMG, video_token_id=VID,
+    ))
+
+
+def _qwen3(head_dim=16, sections=(2, 3, 3)):
+    rope = dict(ROPE, mrope_section=list(sections), mrope_interleaved=True)
+    heads = TEXT["hidden_size"] // head_dim
+    return Qwen3VLForConditionalGeneration(Qwen3VLConfig(
+        text_config=dict(TEXT, head_dim=head_dim, num_attention_heads=heads, rope_parameters=rope),
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0],
+                           num_position_embeddings=16),
+        image_token_id=IMG, video_token_id=VID,
+    ))
+
+
+BUILDERS = {
+    "qwen2_vl": _qwen2,
+    "qwen2_5_vl": _qwen25,
+    "qwen3_vl": _qwen3,
+    # transformers' Qwen3-VL suite: mrope_section [16, 8, 8] is longer than head_dim 8 has pairs
+    "qwen3_vl_small_head": lambda: _qwen3(head_dim=8, sections=(16, 8, 8)),
+}
+FAMILIES = list(BUILDERS)
+
+
+def _pair(family):
+    """(stock model, patched copy with the same weights)."""
+    torch.manual_seed(0)
+    stock = BUILDERS[family]().eval()
+    stock.generation_config.pad_token_id = PAD
+    stock.generation_config.eos_token_id = None
+    patched = patch_model(copy.deepcopy(stock), "mrope", continuation="spatial")
+    return stock, patched
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    return _pair(request.param)
+
+
+@pytest.fixture(scope="module", params=FAMILIES[:3])
+def compiled_pair(request):
+    """The three families for the compile tests (the small-head config adds nothing to graph safety)."""
+    return _pair(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_deltas(request):
+    """Every test starts with no cached rope_deltas on either model (stock reads them)."""
+    for name in ("pair", "compiled_pair"):
+        if name in request.fixturenames:
+            for m in request.getfixturevalue(name):
+                m.model.rope_deltas = None
+    yield
+
+
+def image_batch(hidden_image=False, seed=0):
+    """Two samples "T3 I4x4 T2" and "T2 I4x8 T3" (patch grids; 4 and 8 tokens after merging).
+
+    ``hidden_image``: the second sample's image is masked out (its grid row and pixels still passed).
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows = [[("T", 3), ("I", 4), ("T", 2)], [("T", 2), ("I", 8), ("T", 3)]]
+    ids, types = [], []
+    for segs in rows:
+        r, t = [], []
+        for kind, n in segs:
+            r += [IMG] * n if kind == "I" else torch.randint(1, 60, (n,), generator=g).tolist()
+            t += [int(kind == "I")] * n
+        ids.append([PAD] * (13 - len(r)) + r)  # left padding, as generate expects
+        types.append([0] * (13 - len(t)) + t)
+    input_ids, mm = torch.tensor(ids), torch.tensor(types)
+    mask = (torch.arange(13) >= torch.tensor([[4], [0]])).long()
+    if hidden_image:
+        mask[1, 2:10] = 0
+    grids = torch.tensor([[1, 4, 4], [1, 4, 8]])
+    return dict(input_ids=input_ids, mm_token_type_ids=mm, attention_mask=mask, image_grid_thw=grids,
+                pixel_values=torch.randn(int(grids.prod(1).sum()), PATCH_DIM, generator=g))
+
+
+def _logits(model, **inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_patch_accepts_what_stock_accepts(pair):
+    stock, patched = pair
+    assert is_patched(patched) and not is_patched(stock)
+
+
+def test_multimodal_forward_matches_stock(pair):
+    stock, patched = pair
+    inputs = image_batch()
+    keep = inputs["attention_mask"].bool()
+    assert torch.equal(_logits(patched, **inputs)[keep], _logits(stock, **inputs)[keep])
+    assert torch.equal(patched.model.rope_deltas, stock.model.rope_deltas)  # a forward with grids sets them
+
+
+def test_image_tokens_without_grids_are_text_as_in_stock(pair):
+    stock, patched = pair
+    inputs = image_batch()
+    ids = inputs["input_ids"][:1]  # holds the image token; no pixels, no grids
+    assert torch.equal(_logits(patched, input_ids=ids), _logits(stock, input_ids=ids))
+    mm = inputs["mm_token_type_ids"][:1]
+    assert torch.equal(_logits(patched, input_ids=ids, mm_token_type_ids=mm), _logits(stock, input_ids=ids))
+    with torch.no_grad():
+        want = stock.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+        got = patched.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, want)
+
+
+def test_text_only_matches_stock(pair):
+    stock, patched = pair
+    ids = torch.randint(1, 60, (2, 6), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(_logits(patched, input_ids=ids), _logits(stock, input_ids=ids))
+
+
+def test_masked_image_tokens_are_skipped_as_in_stock(pair):
+    stock, patched = pair
+    inputs = image_batch(hidden_image=True)
+    keep = inputs["attention_mask"].bool()
+    assert torch.equal(_logits(patched, **inputs)[keep], _logits(stock, **inputs)[keep])
+
+
+def test_generate_matches_stock_and_sets_rope_deltas(pair):
+    stock, patched = pair
+    inputs = image_batch()
+    inputs = {k: v[:1] if k != "pixel_values" else v[:16] for k, v in inputs.items()}
+    inputs["image_grid_thw"] = inputs["image_grid_thw"][:1]
+    with torch.no_grad():
+        want = stock.generate(**inputs, max_new_tokens=4, do_sample=False)
+        got = patched.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, want)
+    assert patched.model.rope_deltas is not None
+    assert patched.model.rope_deltas.dtype == stock.model.rope_deltas.dtype
+    assert torch.equal(patched.model.rope_deltas, stock.model.rope_deltas)
+    ids = torch.randint(1, 60, (2, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        stock.generate(input_ids=ids, max_new_tokens=2, do_sample=False)
+        patched.generate(input_ids=ids, max_new_tokens=2, do_sample=False)
+    assert torch.equal(patched.model.rope_deltas, stock.model.rope_deltas)  # text only: zeros (B, 1)
+
+
+def _decode_steps(model, inputs, forward, steps=3):
+    """Eager prefill, then ``steps`` greedy cached steps through ``forward``; the logits of each step.
+
+    No attention mask: stock 5.x decodes a 2-D mask only through ``generate`` (which passes positions).
+    """
+    inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+    with torch.no_grad():
+        out = model(**inputs, use_cache=True)
+        cache, seen = out.past_key_values, []
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            text = torch.zeros_like(nxt)  # declared text: a random model may emit the image token id
+            out = forward(input_ids=nxt, mm_token_type_ids=text, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            seen.append(out.logits[:, -1])
+    return seen
+
+
+def _unpadded(inputs):
+    """The second sample alone (no padding): pixels and grid of its image only."""
+    out = {k: inputs[k][1:] for k in ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw")}
+    out["pixel_values"] = inputs["pixel_values"][16:]
+    return out
+
+
+def test_compiled_fullgraph_decoding_matches_stock(compiled_pair):
+    """Decoding is graph-safe: ``torch.compile(forward, fullgraph=True)`` raises on any graph break."""
+    stock, patched = compiled_pair
+    inputs = _unpadded(image_batch())
+    torch._dynamo.reset()
+    want = _decode_steps(stock, inputs, stock.forward)  # stock compiles too; its eager steps are the reference
+    got = _decode_steps(patched, inputs, torch.compile(patched.forward, fullgraph=True, backend="eager"))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_generate_with_static_cache_matches_stock(compiled_pair):
+    """``generate`` with a static cache compiles the decoding forward with fullgraph=True."""
+    stock, patched = compiled_pair
+    inputs = image_batch()
+    config = CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True  # compile on the CPU too
+    torch._dynamo.reset()
+    kw = dict(max_new_tokens=3, do_sample=False, cache_implementation="static", compile_config=config,
+              output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want = stock.generate(**inputs, **dict(kw, compile_config=None))
+        got = patched.generate(**inputs, **kw)
+    assert hasattr(patched, "_compiled_call")  # the decoding steps did run compiled
+    assert torch.equal(got.sequences, want.sequences)
+    for w, g in zip(want.logits, got.logits):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def _perturb(model):
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            layer.self_attn.q_proj.weight.mul_(1.5)
+
+
+def test_deepcopy_is_an_independent_patched_model(pair):
+    stock, patched = pair
+    inputs = image_batch()
+    keep = inputs["attention_mask"].bool()
+    ref = _logits(patched, **inputs)
+    twin = copy.deepcopy(patched)
+    assert is_patched(twin) and torch.equal(_logits(twin, **inputs), ref)
+    _perturb(twin)
+    moved = _logits(twin, **inputs)
+    assert not torch.allclose(moved, ref)  # the copy's hooks run the copy's layers
+    assert torch.equal(_logits(patched, **inputs), ref)  # and the original is untouched
+    unpatch_model(twin)
+    _perturb(stock_twin := copy.deepcopy(stock))
+    assert torch.equal(_logits(twin, **inputs)[keep], _logits(stock_twin, **inputs)[keep])
+    assert is_patched(patched) and torch.equal(_logits(patched, **inputs), ref)
+
+
+def test_pickle_and_save_pretrained(pair, tmp_path):
+    stock, patched = pair
+    inputs = image_batch()
+    ref = _logits(patched, **inputs)
+    for m in (stock, patched):  # a compiled generate leaves a compiled call behind, which never pickles
+        m.__dict__.pop("_compiled_call", None)
+    loaded = pickle.loads(pickle.dumps(patched))
+    assert is_patched(loaded) and torch.equal(_logits(loaded, **inputs), ref)
+    _perturb(loaded)
+    assert torch.equal(_logits(patched, **inputs), ref)
+    patched.save_pretrained(tmp_path)
+    reloaded = type(stock).from_pretrained(tmp_path).eval()
+    assert not is_patched(reloaded)
+    keep = inputs["attention_mask"].bool()
+    assert torch.equal(_logits(reloaded, **inputs)[keep], _logits(stock, **inputs)[keep])
