@@ -284,11 +284,12 @@ def add_viz_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argumen
         p.add_argument("--sampling-method", choices=METHODS, default="sobol",
                        help="direction generator (default: sobol)")
         p.add_argument("--seed", type=int, default=0, help="seed for sobol/uniform/random (default: 0)")
-        p.add_argument("--save-path", default=None, help="PNG to write")
+        p.add_argument("--save-path", default=None,
+                       help="PNG file to write, folders created (default: rope_<view>_<method>.png here)")
 
     p = sub.add_parser("proj", help="direction distribution on S^1 / S^2 vs a normalised-Gaussian reference")
-    p.add_argument("--n-dims", type=int, choices=(2, 3), default=2)
-    p.add_argument("--num-vectors", type=int, default=256)
+    p.add_argument("--n-dims", type=int, choices=(2, 3), default=2, help="2: circle S^1, 3: sphere S^2")
+    p.add_argument("--num-vectors", type=int, default=256, help="directions to draw")
     common(p)
     p.set_defaults(func=_cmd_proj)
 
