@@ -1,4 +1,8 @@
-"""Command-line interface: ``ropekit report | positions | ptd | designs | viz``."""
+"""Command-line interface: ``ropekit report | positions | ptd | relative | designs | viz``.
+
+Also ``python -m ropekit``. Every failure is one ``ropekit: error: …`` line on stderr and a non-zero
+exit status (see :func:`main`); ``--help`` of every command shows each option's default.
+"""
 from __future__ import annotations
 
 import argparse
