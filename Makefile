@@ -1,32 +1,53 @@
-# Two entry points: `make demo` and `make test`. Both create .venv on first use (idempotent).
+# Two entry points: `make demo` and `make test`. Both create .venv on first use and are idempotent.
+#
+# Which PyTorch build gets installed is explicit: pip installs TORCH_SPEC from TORCH_INDEX_URL
+# (empty: pip's configured index; on Linux, PyPI's torch is the CUDA build, several GB).
+#   CPU wheels (laptop, CI):   make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+#   CUDA 12.4 wheels (GPU):    make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
+#   another release:           make test TORCH_VERSION=2.12.0   (or TORCH_SPEC='torch>=2.5')
+# torch goes in first, so installing ropekit finds it satisfied and never swaps it for another build.
+# To switch builds in an existing .venv, `make clean` first.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+TORCH_INDEX_URL ?=
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.ropekit-installed
+PIP := $(PY) -m pip install -q
+# one stamp per install step: demo needs only the package; test and bench add their extras
+BASE_STAMP := $(VENV)/.ropekit-base
+TEST_STAMP := $(VENV)/.ropekit-test
+BENCH_STAMP := $(VENV)/.ropekit-bench
 
 .PHONY: demo test bench bench-quick setup clean
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned (override with TORCH_VERSION=...), so the package install finds it satisfied
-	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -e ".[test,bench]"
-	touch $(STAMP)
+	$(PIP) --upgrade pip
+	$(PIP) $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX_URL)) )"$(TORCH_SPEC)"
+	$(PIP) -e .
+	touch $@
 
-setup: $(STAMP)
+$(TEST_STAMP): $(BASE_STAMP) pyproject.toml
+	$(PIP) -e ".[test]"
+	touch $@
 
-demo: $(STAMP)
+$(BENCH_STAMP): $(BASE_STAMP) pyproject.toml
+	$(PIP) -e ".[bench]"
+	touch $@
+
+setup: $(BASE_STAMP)
+
+demo: $(BASE_STAMP)
 	$(VENV)/bin/ropekit report --out report/
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest tests
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --quick
 
 clean:

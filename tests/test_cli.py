@@ -1,12 +1,18 @@
-"""The command line as a user runs it: report, positions, ptd, designs."""
+"""The command line as a user runs it: report, positions, ptd, designs, relative, viz."""
+import argparse
 import json
+import os
 import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 import ropekit
-from ropekit.cli import main
+from ropekit.cli import build_parser, main
 
 
 def test_report_writes_a_self_contained_page(tmp_path, capsys):
@@ -53,3 +59,187 @@ def test_relative_command_classifies_families(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert rows and all(r["exact"] == r["expected_exact"] for r in rows)
     assert not next(r for r in rows if r["name"] == "GeoPE 2-D")["exact"]
+
+
+# ------------------------------------------------------------------ failures a user sees: one line, never a traceback
+
+_SRC = str(Path(ropekit.__file__).resolve().parents[1])
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
+_ENV.pop("ROPEKIT_DEBUG", None)
+_FILE = "{file}"  # replaced by an existing plain file
+
+# Bad arguments for every command: usage errors (argparse) and bad input found while the command runs.
+# Each fails before any real work. "experiment" is the training command of another branch; until it
+# exists the case is an unknown command, which must also be one line.
+BAD = {
+    "none": [],
+    "unknown command": ["nope"],
+    "report --bogus": ["report", "--bogus"],
+    "report --out FILE": ["report", "--out", _FILE],
+    "report --out impossible": ["report", "--out", "/dev/null/sub"],
+    "positions no layout": ["positions"],
+    "positions overflow": ["positions", "T99999999999999999999"],
+    "positions huge": ["positions", "I100000000x100000000"],
+    "positions NaN json": ["positions", "V2x2x2@1e39", "--json"],
+    "positions bad layout": ["positions", "T2 I0x2"],
+    "positions bad design": ["positions", "T2", "--design", "nope"],
+    "positions bad -o": ["positions", "T2", "-o", "alpha"],
+    "positions bad option value": ["positions", "T2", "--design", "circle", "-o", "alpha=abc"],
+    "ptd bad layout": ["ptd", "X3"],
+    "ptd bad design": ["ptd", "T2", "--design", "nope"],
+    "designs extra": ["designs", "extra"],
+    "relative huge head-dim": ["relative", "--head-dim", "100000000"],
+    "relative zero trials": ["relative", "--trials", "0"],
+    "relative head-dim 40": ["relative", "--head-dim", "40"],
+    "relative trials x": ["relative", "--trials", "x"],
+    "viz none": ["viz"],
+    "viz proj n-dims": ["viz", "proj", "--n-dims", "4"],
+    "viz proj zero vectors": ["viz", "proj", "--num-vectors", "0"],
+    "viz proj impossible path": ["viz", "proj", "--num-vectors", "4", "--save-path", "/dev/null/x.png"],
+    "viz sim2d odd d-head": ["viz", "sim2d", "--d-head", "7"],
+    "viz sim2d zero grid": ["viz", "sim2d", "--grid-size", "0"],
+    "viz sim3d no slices": ["viz", "sim3d", "--slice-coords"],
+    "viz sim3d d-head x": ["viz", "sim3d", "--d-head", "x"],
+    "experiment bad preset": ["experiment", "--preset", "huge"],
+}
+# the same failures through the installed entry point (python -m ropekit), one per command plus the
+# issue's reproducers; the rest run in-process, which is the same main() without a new interpreter
+THROUGH_ENTRY_POINT = ["none", "report --out FILE", "report --out impossible", "positions overflow",
+                       "positions huge", "positions NaN json", "ptd bad layout", "designs extra",
+                       "relative huge head-dim", "viz proj impossible path", "viz sim2d odd d-head",
+                       "viz sim3d no slices", "experiment bad preset"]
+
+
+def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple = ()) -> list[tuple]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [prefix]
+    return [leaf for name, p in subs[0].choices.items() for leaf in _leaf_commands(p, prefix + (name,))]
+
+
+def _args(case: str, tmp_path: Path) -> list[str]:
+    file = tmp_path / "a-file"
+    file.write_text("")
+    return [str(file) if a == _FILE else a for a in BAD[case]]
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ropekit: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_every_command_has_bad_argument_cases():
+    covered = {tuple(args[: len(leaf)]) for args in BAD.values() for leaf in _leaf_commands(build_parser())}
+    assert set(_leaf_commands(build_parser())) <= covered
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_arguments_give_one_line_and_a_failing_status(case, tmp_path, capsys):
+    try:
+        status = main(_args(case, tmp_path))
+    except SystemExit as stop:  # usage errors exit as argparse does
+        status = stop.code
+    out, err = capsys.readouterr()
+    _one_error_line(err)
+    assert status not in (0, None)
+    if "--json" in BAD[case]:
+        assert out == ""
+
+
+@pytest.fixture(scope="module")
+def entry_point_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+
+    def run(case):
+        cmd = [sys.executable, "-m", "ropekit", *_args(case, tmp)]
+        return case, subprocess.run(cmd, capture_output=True, text=True, env=_ENV, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:  # each run is mostly interpreter start-up
+        return dict(pool.map(run, THROUGH_ENTRY_POINT))
+
+
+@pytest.mark.parametrize("case", THROUGH_ENTRY_POINT)
+def test_bad_arguments_through_python_m_ropekit(case, entry_point_runs):
+    done = entry_point_runs[case]
+    _one_error_line(done.stderr)
+    assert done.returncode != 0
+    if "--json" in BAD[case]:
+        assert done.stdout == ""
+
+
+def test_bad_input_messages_say_what_is_wrong(tmp_path, capsys):
+    for case, expected in [("report --out FILE", "exists and is not a folder"),
+                           ("positions overflow", "too large"),
+                           ("relative huge head-dim", "--head-dim: must be between 16 and 8192"),
+                           ("positions bad -o", "see 'ropekit positions --help'")]:
+        try:
+            main(_args(case, tmp_path))
+        except SystemExit:
+            pass
+        assert expected in _one_error_line(capsys.readouterr().err), case
+
+
+def test_closed_stdout_ends_quietly():
+    """``ropekit positions … | head -1``: no BrokenPipeError traceback, the status a shell gives SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "ropekit", "positions", "T20000"], env=_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("# layout T20000")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141
+    assert err == ""
+
+
+def test_unexpected_failures_are_one_line_too(monkeypatch, capsys):
+    def broken(args):
+        raise KeyError("boom")
+
+    monkeypatch.setattr("ropekit.cli._cmd_designs", broken)
+    assert main(["designs"]) == 1
+    assert "internal error (KeyError" in _one_error_line(capsys.readouterr().err)
+    monkeypatch.setenv("ROPEKIT_DEBUG", "1")
+    with pytest.raises(KeyError):
+        main(["designs"])
+
+
+# ---------------------------------------------------------------------------------------- help and listings
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    for parser in _parsers(build_parser()):
+        text = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{parser.prog}: {action.dest} has no help"
+            if action.default not in (None, False, [], argparse.SUPPRESS):
+                assert "default" in action.help or f"(default: {action.default}" in " ".join(text.split()), \
+                    f"{parser.prog}: {action.dest} does not show its default {action.default!r}"
+
+
+def test_python_m_ropekit_help():
+    done = subprocess.run([sys.executable, "-m", "ropekit", "positions", "--help"], capture_output=True,
+                          text=True, env=_ENV, timeout=300)
+    assert done.returncode == 0 and done.stderr == ""
+    assert "usage: ropekit positions" in done.stdout and "(default: mrope)" in " ".join(done.stdout.split())
+
+
+def test_designs_columns_align(capsys):
+    assert main(["designs"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    assert len(starts) == 4 and len(rows) == len(ropekit.designs())
+    for row in rows:
+        for s in starts[1:]:  # every column starts where its heading does, after a space
+            assert row[s - 1] == " " and row[s] != " ", (row, s)
+        assert row.split()[0] in ropekit.designs()

@@ -1,11 +1,68 @@
-"""Command-line interface: ``ropekit report | positions | ptd | designs | viz``."""
+"""Command-line interface: ``ropekit report | positions | ptd | relative | designs | viz``.
+
+Also ``python -m ropekit``. Every failure is one ``ropekit: error: …`` line on stderr and a non-zero
+exit status (see :func:`main`); ``--help`` of every command shows each option's default.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: …)`` to an option's help unless the help already says it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with defaults in ``--help`` and usage errors on one line (no usage block)."""
+
+    def __init__(self, *args, formatter_class=_HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def error(self, message: str):
+        _say(f"{message} (see '{self.prog} --help')")
+        self.exit(2)
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    print("ropekit: error: " + " ".join(str(message).split()), file=sys.stderr)
+
+
+def _int_in(low: int, high: int):
+    """argparse type: an int in ``[low, high]`` (bounds keep the work a command does finite)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _print_json(obj: object) -> None:
+    """Strict JSON (no NaN/Infinity tokens, which JSON parsers reject) on stdout."""
+    try:
+        text = json.dumps(obj, allow_nan=False)
+    except ValueError:
+        raise ValueError("the result holds NaN or infinite numbers, which JSON cannot represent; "
+                         "check the sizes and intervals of the input") from None
+    print(text)
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -71,8 +128,8 @@ def _cmd_positions(args: argparse.Namespace) -> int:
         written = plot_layout(lay, args.design, args.plot, **dict(args.option))
         print(f"positions plot written to {written}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"layout": str(lay), "design": args.design, "positions": coords.tolist(),
-                          "token_types": kinds}))
+        _print_json({"layout": str(lay), "design": args.design, "positions": coords.tolist(),
+                     "token_types": kinds})
         return 0
     names = "tivg"
     print(f"# layout {lay}, design {args.design}, {coords.shape[1]} axes")
@@ -88,7 +145,7 @@ def _cmd_ptd(args: argparse.Namespace) -> int:
     chosen = args.design or designs()
     res = {d: layout_ptd(args.layout, d) for d in chosen}
     if args.json:
-        print(json.dumps({"layout": args.layout, "ptd": res}))
+        _print_json({"layout": args.layout, "ptd": res})
     else:
         print(f"PTD for layout '{args.layout}' (Circle-RoPE eq. 1; 0 = text equidistant from the image)")
         for d, v in res.items():
@@ -99,9 +156,13 @@ def _cmd_ptd(args: argparse.Namespace) -> int:
 def _cmd_designs(args: argparse.Namespace) -> int:
     from .designs import designs, get_design
 
+    rows = [("design", "allocation", "options", "summary")]
     for name in designs():
         d = get_design(name)
-        print(f"{name:<9} [{d.allocation:<6}] {d.summary}  options: {', '.join(d.options) or '-'}")
+        rows.append((name, d.allocation, ", ".join(d.options) or "-", d.summary))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
     return 0
 
 
@@ -110,7 +171,7 @@ def _cmd_relative(args: argparse.Namespace) -> int:
 
     rows = relative_table(args.head_dim, num_trials=args.trials)
     if args.json:
-        print(json.dumps(rows))
+        _print_json(rows)
         return 0
     print(f"relative-position error, head_dim {args.head_dim} (max |score(m,n) - score(m+d,n+d)| / rms score)")
     for r in rows:
@@ -197,11 +258,11 @@ def _add_viz_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ropekit", description="Geometric rotary position embeddings.")
+    p = _Parser(prog="ropekit", description="Geometric rotary position embeddings.")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("report", help="write the HTML report of every design and family")
-    r.add_argument("--out", default="report", help="output folder (default: report/)")
+    r.add_argument("--out", default="report", help="output folder (created if missing)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--layout", default=None,
                    help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'")
@@ -211,24 +272,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")
     ps.add_argument("layout", help="e.g. 'T3 I4x4 T2' or 'T5 V8x3x3 T1'")
-    ps.add_argument("--design", default="mrope")
+    ps.add_argument("--design", default="mrope", help="position design (see `ropekit designs`)")
     ps.add_argument("-o", "--option", type=_option, action="append", default=[],
                     help="design option name=value (repeatable), e.g. -o alpha=0.3 -o radius=\"auto\"")
-    ps.add_argument("--json", action="store_true")
+    ps.add_argument("--json", action="store_true",
+                    help="print {layout, design, positions, token_types} as JSON instead of a table")
     ps.add_argument("--plot", default=None, metavar="PNG",
                     help="also draw the positions (per token, and in position space) to this PNG file")
     ps.set_defaults(func=_cmd_positions)
 
     pt = sub.add_parser("ptd", help="Per-Token Distance of a layout under each design")
-    pt.add_argument("layout", nargs="?", default="I3x3 T5")
-    pt.add_argument("--design", action="append", help="repeatable; default: every design")
-    pt.add_argument("--json", action="store_true")
+    pt.add_argument("layout", nargs="?", default="I3x3 T5",
+                    help="layout string: T{n} text, I{h}x{w} image, V{t}x{h}x{w}[@interval] video")
+    pt.add_argument("--design", action="append", help="design to measure, repeatable (default: every design)")
+    pt.add_argument("--json", action="store_true", help="print {layout, ptd: {design: value}} as JSON")
     pt.set_defaults(func=_cmd_ptd)
 
     rl = sub.add_parser("relative", help="which embeddings are exactly relative (measured)")
-    rl.add_argument("--head-dim", type=int, default=96)
-    rl.add_argument("--trials", type=int, default=128)
-    rl.add_argument("--json", action="store_true")
+    rl.add_argument("--head-dim", type=_int_in(16, 8192), default=96,
+                    help="channels per head, a multiple of 16 (M-RoPE sections)")
+    rl.add_argument("--trials", type=_int_in(1, 4096), default=128,
+                    help="random (q, k, positions, shift) draws per embedding")
+    rl.add_argument("--json", action="store_true", help="print one JSON object per embedding")
     rl.set_defaults(func=_cmd_relative)
 
     ds = sub.add_parser("designs", help="list the registered position designs")
@@ -238,14 +303,59 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _describe(error: BaseException) -> str:
+    """The sentence a user needs for an exception raised while a command ran."""
+    if isinstance(error, FileExistsError):
+        return f"'{error.filename}' exists and is not a folder; choose another path"
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"'{error.filename}': {error.strerror}"
+    asked = re.search(r"tried to allocate (\d+) bytes", str(error))
+    if isinstance(error, MemoryError) or asked:
+        size = f" ({int(asked.group(1)) / 2**30:.1f} GiB)" if asked else ""
+        return f"not enough memory for this input{size}; use smaller sizes"
+    if isinstance(error, OverflowError):
+        return f"a number in the input is too large ({error})"
+    return str(error) or type(error).__name__
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``ropekit positions … | head``): stop quietly, as Unix tools do."""
+    try:  # later flushes (at exit) go nowhere instead of raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a file descriptor (captured in-process)
+    return 128 + 13  # what a shell reports for a tool ended by SIGPIPE
+
+
+_USER_ERRORS = (ValueError, TypeError, OverflowError, MemoryError, OSError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a failure is one line on stderr and a non-zero exit status, never a traceback.
+
+    Usage errors exit 2 (as argparse does), bad input 2, an unexpected failure 1 (set ``ROPEKIT_DEBUG=1``
+    for its traceback), a closed stdout 141.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, TypeError) as e:
-        print(f"ropekit {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        if os.environ.get("ROPEKIT_DEBUG"):
+            raise
+        asked = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+        if isinstance(error, _USER_ERRORS) or asked:
+            _say(_describe(error))
+            return 2
+        _say(f"internal error ({type(error).__name__}: {error}); "
+             "please report it, with the traceback from ROPEKIT_DEBUG=1")
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""The set-up a new user runs: which torch build `make` installs, and what each target installs."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="`make` is not installed")
+
+
+def _recipe(target: str, *variables: str) -> str:
+    """The commands `make TARGET` would run from scratch (dry run: nothing is installed)."""
+    done = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), target, *variables],
+                          capture_output=True, text=True, check=True)
+    return re.sub(r" +", " ", done.stdout)  # an empty variable leaves two spaces: count them as one
+
+
+@needs_make
+def test_demo_installs_only_the_package():
+    recipe = _recipe("demo")
+    assert "pip install -q -e ." in recipe and "ropekit report" in recipe
+    assert ".[" not in recipe  # no extras: the test extra's triton alone is about 1 GB
+
+
+@needs_make
+def test_test_and_bench_add_their_extras():
+    assert 'pip install -q -e ".[test]"' in _recipe("test")
+    assert 'pip install -q -e ".[bench]"' in _recipe("bench")
+
+
+@needs_make
+def test_torch_build_is_an_explicit_overridable_choice():
+    default = _recipe("setup")
+    assert 'pip install -q "torch==2.13.0"' in default and "--index-url" not in default
+    cpu = _recipe("setup", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu")
+    assert 'pip install -q --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"' in cpu
+    assert '"torch==2.12.0"' in _recipe("setup", "TORCH_VERSION=2.12.0")
+    assert '"torch>=2.5"' in _recipe("setup", "TORCH_SPEC=torch>=2.5")
+
+
+def test_hypothesis_is_a_test_dependency():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("hypothesis") for req in extras["test"])
