@@ -24,6 +24,7 @@ __all__ = [
     "planar_score",
     "geope_score",
     "linear_geope_score",
+    "rotary_score",
     "relative_error",
     "score_scale",
     "relative_table",
@@ -69,6 +70,20 @@ def linear_geope_score(head_dim: int, *, lam: float = 100.0, freq_style: str = "
     def score(q, k, pos_q, pos_k):
         s = linear_geope_scores(q[:, None, None], k[:, None, None], pos_q[:, None], pos_k[:, None], freqs)
         return s[:, 0, 0, 0]
+
+    return score
+
+
+def rotary_score(rotary) -> ScoreFn:
+    """Score of any rotary object with ``rotate(q, k, coords)`` (``RoPE``, ``GeoPE``, ``LieRE``, ``ComRoPE``,
+    ``GRAPE`` …): the N pairs are N tokens of one sequence; per-head modules score once per head."""
+    if not callable(getattr(rotary, "rotate", None)):
+        raise TypeError(f"rotary_score: `rotary` needs a rotate(q, k, coords) method, got {type(rotary).__name__}")
+
+    def score(q, k, pos_q, pos_k):
+        rq, _ = rotary.rotate(q[None, None], q[None, None], pos_q)
+        _, rk = rotary.rotate(k[None, None], k[None, None], pos_k)
+        return (rq * rk).sum(-1)
 
     return score
 
