@@ -1,4 +1,4 @@
-"""Learned rotary families as ``nn.Module``\ s: LieRE, ComRoPE (block generators) and GRAPE (learned planes).
+"""Learned rotary families as ``nn.Module`` classes: LieRE, ComRoPE (block generators) and GRAPE (learned planes).
 
 Each has ``rotate(q, k, coords)`` for q/k ``(B, H, L, D)`` (``seq_dim=1``: ``(B, L, H, D)``) and coordinates
 ``(L, A)``, ``(B, L, A)`` or a layout string, like :class:`ropekit.RoPE` and :class:`ropekit.GeoPE`, so they
