@@ -174,6 +174,14 @@ def _families(head_dim: int) -> list[tuple[str, str, int, ScoreFn, bool]]:
         ("Linear GeoPE 2-D", "linear_geope", 2, linear_geope_score(D), True),
         ("Linear GeoPE 3-D", "linear_geope", 3, linear_geope_score(D), True),
     ]
+    from ..nn.learned import GRAPE, ComRoPE, LieRE  # learned families, random weights (seeded)
+
+    rows += [
+        ("LieRE 2-D (random generators, blocks of 8)", "lie", 2, rotary_score(LieRE(D, block_size=8, seed=0)), False),
+        ("ComRoPE-AP 2-D", "lie", 2, rotary_score(ComRoPE(D, variant="ap", seed=0)), True),
+        ("ComRoPE-LD 2-D", "lie", 2, rotary_score(ComRoPE(D, variant="ld", seed=0)), True),
+        ("GRAPE learned planes (t, h, w)", "grape", 3, rotary_score(GRAPE(D, 3, init_scale=0.5, seed=0)), True),
+    ]
     return rows
 
 
