@@ -60,13 +60,17 @@ def grape_axis_map(mode: str, rotary_dim: int, num_axes: int = 3,
 
 
 def grape_spectrum(rotary_dim: int, base: float = 10000.0, log_freq_scale: float = 1.0) -> torch.Tensor:
-    """Log-uniform plane frequencies ``ω_j = (base^{−2j/R})^{1/s}`` (float32; computed in float64)."""
+    """Log-uniform plane frequencies ``ω_j = (base^{−2j/R})^{1/s}`` (float32).
+
+    ``base^{−2j/R}`` is evaluated as ``1 / base^{(2j)/R}`` in float32, the expression of the Hugging Face
+    and multimodal reference code, so canonical GRAPE reproduces their cos/sin bit for bit.
+    """
     half = _half(rotary_dim)
     for name, v in (("base", base), ("log_freq_scale", log_freq_scale)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise ValueError(f"`{name}` must be a finite number > 0, got {v!r}")
-    j = torch.arange(half, dtype=torch.float64)
-    return (float(base) ** (-2.0 * j / rotary_dim / float(log_freq_scale))).float()
+    omega = 1.0 / (float(base) ** (2 * torch.arange(half, dtype=torch.int64).float() / rotary_dim))
+    return omega if log_freq_scale == 1 else omega ** (1.0 / float(log_freq_scale))
 
 
 def grape_frequency_matrix(mode: str, rotary_dim: int, num_axes: int = 3, *, base: float = 10000.0,
