@@ -15,9 +15,10 @@ from pathlib import Path
 from . import apply as apply_bench
 from . import geope as geope_bench
 from . import index as index_bench
+from . import learned as learned_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope")
+SUITES = ("apply", "index", "geope", "learned")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if "geope" in suites:
         res = geope_bench.run(quick=args.quick, repeat=repeat, compile_=not args.no_compile, log=log)
         _write(args.out / "geope.json", {**header, "results": res})
+    if "learned" in suites:
+        res = learned_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "learned.json", {**header, "results": res})
     return 0
 
 

@@ -48,10 +48,38 @@ def apply_block_rotation(x: torch.Tensor, rotation: torch.Tensor, *, seq_dim: in
         raise ValueError(f"apply_block_rotation: {n} blocks of {b} channels exceed head_dim {D}")
     work = _work_dtype(x, rotation)
     blocks = xt[..., : n * b].to(work).unflatten(-1, (n, b))  # (B, H, L, n, b)
-    out = (rotation.to(work) @ blocks[..., None])[..., 0].flatten(-2).to(x.dtype)
+    out = _blockwise_matmul(rotation.to(work), blocks).flatten(-2).to(x.dtype)
     if n * b < D:
         out = torch.cat((out, xt[..., n * b:].expand(*out.shape[:-1], D - n * b)), dim=-1)
     return out.transpose(1, 2) if seq_dim == 1 else out
+
+
+def _blockwise_matmul(R: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``R (…, L, n, b, b) @ blocks (B, H, L, n, b)`` without expanding R over the batch or heads it shares.
+
+    The (B, H) dims that R broadcasts over become the columns of one matrix product per (token, block), so
+    the cost is that of the rotation matrices times the data, with no per-(B, H) copy of R.
+    """
+    while R.ndim < 6:
+        R = R[None]
+    if R.ndim != 6:
+        raise ValueError(f"apply_block_rotation: `rotation` must be (L, n, b, b), (H, L, n, b, b) or "
+                         f"(B, H, L, n, b, b), got {tuple(R.shape)}")
+    for i in (0, 1):
+        if R.shape[i] not in (1, blocks.shape[i]) and blocks.shape[i] != 1:
+            raise ValueError(f"apply_block_rotation: `rotation` {tuple(R.shape)} does not broadcast against "
+                             f"x's (B, H) = {tuple(blocks.shape[:2])}")
+    shared = [i for i in (0, 1) if R.shape[i] == 1]  # dims R does not vary along: matrix columns
+    own = [i for i in (0, 1) if R.shape[i] != 1]
+    perm = [*own, 2, 3, 4, *shared]
+    X = blocks.permute(*perm)
+    cols = X.shape[len(own) + 3:]
+    X = X.reshape(*X.shape[: len(own) + 3], -1)  # (*own, L, n, b, columns)
+    Rk = R.reshape(*[R.shape[i] for i in own], *R.shape[2:])
+    out = Rk @ X
+    out = out.reshape(*out.shape[:-1], *cols)
+    inverse = [perm.index(d) for d in range(5)]
+    return out.permute(*inverse)
 
 
 def apply_plane_rotation(
