@@ -160,6 +160,17 @@ def test_grape_canonical_is_mrope_or_interleaved(mode, allocation):
         torch.testing.assert_close(l, r, rtol=0, atol=1e-5)  # Q = I through the plane path: x + (RoPE(x) − x)
 
 
+def test_grape_adjacent_pairs_match_interleaved_channel_rope():
+    coords = ropekit.positions("T2 I3x4", "mrope")
+    q = torch.randn(1, 2, len(coords), 32, generator=torch.Generator().manual_seed(0))
+    ref = ropekit.RoPE("mrope", head_dim=32, allocation="interleaved", channels="interleaved").rotate(q, q, coords)[0]
+    canonical = ropekit.GRAPE(32, 3, mode="interleaved", channels="interleaved", learned=False)
+    assert torch.equal(canonical.rotate(q, q, coords)[0], ref)
+    at_init = ropekit.GRAPE(32, 3, mode="interleaved", channels="interleaved")
+    torch.testing.assert_close(at_init.rotate(q, q, coords)[0], ref, rtol=0, atol=1e-5)
+    assert not torch.allclose(ropekit.GRAPE(32, 3, mode="interleaved").rotate(q, q, coords)[0], ref, atol=1e-2)
+
+
 def test_grape_spectrum_options():
     W = grape_frequency_matrix("interleaved", 16, 2, base=100.0, log_freq_scale=2.0)
     expected = inv_freq(16, 100.0).double() ** 0.5
@@ -168,8 +179,9 @@ def test_grape_spectrum_options():
     assert (W != 0).float().argmax(0).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
-def test_grape_learned_planes_match_rank2_generators():
-    rot = ropekit.GRAPE(8, 2, mode="interleaved", rotary_dim=6, init_scale=0.8, seed=5)
+@pytest.mark.parametrize("channels", ["half", "interleaved"])
+def test_grape_learned_planes_match_rank2_generators(channels):
+    rot = ropekit.GRAPE(8, 2, mode="interleaved", rotary_dim=6, init_scale=0.8, seed=5, channels=channels)
     U = rot.basis().detach().double()  # (8, 6): orthonormal columns
     torch.testing.assert_close(U.T @ U, torch.eye(6, dtype=torch.float64), rtol=0, atol=1e-6)
     W = rot.freqs.double()
@@ -239,6 +251,7 @@ def test_tinyvit_forward_backward(make):
     (lambda: ropekit.GRAPE(16, 3, sections=[1, 2, 3]), ValueError, "sections"),
     (lambda: ropekit.GRAPE(16, 3, learned=False, num_heads=2), ValueError, "num_heads"),
     (lambda: ropekit.GRAPE(16, 3, learned=1), TypeError, "learned"),
+    (lambda: ropekit.GRAPE(16, 3, channels="adjacent"), ValueError, "channels"),
     (lambda: ropekit.LieRE(16).rotate(torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16), torch.zeros(3, 3)),
      ValueError, "coords"),
     (lambda: ropekit.LieRE(16).rotate(torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16),

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..apply.blocks import apply_block_rotation, apply_plane_rotation
 from ..apply.fused import apply_rotary_qk_fused
-from ..apply.planar import cos_sin
+from ..apply.planar import CHANNEL_LAYOUTS, cos_sin
 from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.grape import grape_frequency_matrix
@@ -214,6 +214,9 @@ class GRAPE(_LearnedRotary):
       is ``R``, twice the number of planes.
     - ``learned=False``: canonical planes, the channel pairs ``(j, j + R/2)``: exactly RoPE with this axis
       map (the fused planar path, bit-for-bit ropekit's M-RoPE / interleaved rotation).
+    - ``channels``: ``"half"`` (default) pairs ``(j, j + R/2)`` as Hugging Face models do; ``"interleaved"``
+      pairs ``(2j, 2j + 1)``, the starting planes of the public multimodal GRAPE code. Learned planes use the
+      same pairing of Q's columns, so both start from their canonical planes.
     - ``learned=True`` (default): the planes are the columns of ``Q = exp(K − Kᵀ)`` with a learned ``K``
       (``(H, D, D)`` with ``num_heads``): plane j = span(Q[:, j], Q[:, j + R/2]), so the rotation is
       ``Q · RoPE · Qᵀ`` on them and the identity on the rest — mutually orthogonal planes, exactly relative.
@@ -226,7 +229,8 @@ class GRAPE(_LearnedRotary):
     def __init__(self, head_dim: int, num_axes: int = 3, *, mode: str = "chunked", rotary_dim: int | None = None,
                  base: float = 10000.0, sections: Sequence[int] | None = None, log_freq_scale: float = 1.0,
                  learned: bool = True, learn_frequencies: bool = False, num_heads: int | None = None,
-                 init_scale: float = 0.0, seed: int | None = None, design: str = "mrope") -> None:
+                 init_scale: float = 0.0, seed: int | None = None, design: str = "mrope",
+                 channels: str = "half") -> None:
         super().__init__(head_dim, num_axes, num_heads, design, "GRAPE")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         check_int(rotary_dim, "rotary_dim", 2)
@@ -238,7 +242,13 @@ class GRAPE(_LearnedRotary):
         if not learned and num_heads is not None:
             raise ValueError("GRAPE: `num_heads` gives each head its own learned planes; canonical planes "
                              "(learned=False) are shared, so leave num_heads=None")
-        self.mode, self.rotary_dim, self.learned = mode, rotary_dim, learned
+        if channels not in CHANNEL_LAYOUTS:
+            raise ValueError(f"GRAPE: `channels` must be 'half' (pairs j, j + R/2) or 'interleaved' (pairs 2j, "
+                             f"2j + 1), got {channels!r}")
+        self.mode, self.rotary_dim, self.learned, self.channels = mode, rotary_dim, learned, channels
+        half = torch.arange(rotary_dim // 2)  # plane j's two columns of Q, in the order apply_plane_rotation takes
+        pairs = (half, half + rotary_dim // 2) if channels == "half" else (2 * half, 2 * half + 1)
+        self.register_buffer("_columns", torch.cat(pairs), persistent=False)
         W = grape_frequency_matrix(mode, rotary_dim, num_axes, base=base, sections=sections,
                                    log_freq_scale=log_freq_scale)
         if learn_frequencies:
@@ -253,8 +263,8 @@ class GRAPE(_LearnedRotary):
     def basis(self) -> torch.Tensor:
         """Orthonormal plane vectors ``U (D, R)`` (``(H, D, R)`` per head); the identity columns if canonical."""
         if not self.learned:
-            return torch.eye(self.head_dim, self.rotary_dim, device=self.freqs.device)
-        return torch.linalg.matrix_exp(skew(self.weight))[..., : self.rotary_dim]
+            return torch.eye(self.head_dim, device=self.freqs.device)[:, self._columns]
+        return torch.linalg.matrix_exp(skew(self.weight))[..., self._columns]
 
     def cos_sin(self, coords: "torch.Tensor | Layout | str") -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``(…, L, R/2)`` of the plane angles ``θ_j = Σ_a p_a W[a, j]``."""
@@ -267,7 +277,7 @@ class GRAPE(_LearnedRotary):
         self._check_qk(q, k, seq_dim)
         cos, sin = self.cos_sin(coords)
         if not self.learned:
-            return apply_rotary_qk_fused(q, k, cos, sin, channels="half", seq_dim=seq_dim)
+            return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
         U = self.basis()
         return (apply_plane_rotation(q, U, cos, sin, seq_dim=seq_dim),
                 apply_plane_rotation(k, U, cos, sin, seq_dim=seq_dim))
@@ -275,4 +285,5 @@ class GRAPE(_LearnedRotary):
     forward = rotate
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", mode={self.mode!r}, rotary_dim={self.rotary_dim}, learned={self.learned}"
+        return (super().extra_repr() + f", mode={self.mode!r}, rotary_dim={self.rotary_dim}, learned={self.learned}, "
+                f"channels={self.channels!r}")
