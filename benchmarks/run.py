@@ -15,10 +15,11 @@ from pathlib import Path
 from . import apply as apply_bench
 from . import geope as geope_bench
 from . import index as index_bench
+from . import learned as learned_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants")
+SUITES = ("apply", "index", "geope", "variants", "learned")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if "variants" in suites:
         res = variants_bench.run(quick=args.quick, repeat=repeat, log=log)
         _write(args.out / "variants.json", {**header, "results": res})
+    if "learned" in suites:
+        res = learned_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "learned.json", {**header, "results": res})
     return 0
 
 

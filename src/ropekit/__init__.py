@@ -29,11 +29,13 @@ from .apply.linear_geope import linear_geope_attention
 from .rope import RoPE, design_frequencies
 from .rope import DirectionalRoPE
 from .nn.rotary import RotaryEmbedding
+from .nn.learned import GRAPE, ComRoPE, LieRE
 
 # analysis and integrations
 from .analysis.metrics import attention_bias_map, layout_ptd, ptd
 from .analysis.kernel import expected_kernel
 from .analysis.relative import geope_expected_kernel, relative_error, relative_table
+from .analysis.relative import rotary_score
 from . import hf
 from .hf import patch_model, unpatch_model
 
@@ -52,4 +54,5 @@ __all__ = [
     "ptd", "layout_ptd", "attention_bias_map", "expected_kernel",
     "relative_error", "relative_table", "geope_expected_kernel",
     "hf", "patch_model", "unpatch_model",
+    "LieRE", "ComRoPE", "GRAPE", "rotary_score",
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "planar_score",
     "geope_score",
     "linear_geope_score",
+    "rotary_score",
     "relative_error",
     "score_scale",
     "relative_table",
@@ -71,6 +72,20 @@ def linear_geope_score(head_dim: int, *, lam: float = 100.0, freq_style: str = "
     def score(q, k, pos_q, pos_k):
         s = linear_geope_scores(q[:, None, None], k[:, None, None], pos_q[:, None], pos_k[:, None], freqs)
         return s[:, 0, 0, 0]
+
+    return score
+
+
+def rotary_score(rotary) -> ScoreFn:
+    """Score of any rotary object with ``rotate(q, k, coords)`` (``RoPE``, ``GeoPE``, ``LieRE``, ``ComRoPE``,
+    ``GRAPE`` …): the N pairs are N tokens of one sequence; per-head modules score once per head."""
+    if not callable(getattr(rotary, "rotate", None)):
+        raise TypeError(f"rotary_score: `rotary` needs a rotate(q, k, coords) method, got {type(rotary).__name__}")
+
+    def score(q, k, pos_q, pos_k):
+        rq, _ = rotary.rotate(q[None, None], q[None, None], pos_q)
+        _, rk = rotary.rotate(k[None, None], k[None, None], pos_k)
+        return (rq * rk).sum(-1)
 
     return score
 
@@ -160,6 +175,14 @@ def _families(head_dim: int) -> list[tuple[str, str, int, ScoreFn, bool]]:
         ("GeoPE 3-D", "geope", 3, geope_score(D), False),
         ("Linear GeoPE 2-D", "linear_geope", 2, linear_geope_score(D), True),
         ("Linear GeoPE 3-D", "linear_geope", 3, linear_geope_score(D), True),
+    ]
+    from ..nn.learned import GRAPE, ComRoPE, LieRE  # learned families, random weights (seeded)
+
+    rows += [
+        ("LieRE 2-D (random generators, blocks of 8)", "lie", 2, rotary_score(LieRE(D, block_size=8, seed=0)), False),
+        ("ComRoPE-AP 2-D", "lie", 2, rotary_score(ComRoPE(D, variant="ap", seed=0)), True),
+        ("ComRoPE-LD 2-D", "lie", 2, rotary_score(ComRoPE(D, variant="ld", seed=0)), True),
+        ("GRAPE learned planes (t, h, w)", "grape", 3, rotary_score(GRAPE(D, 3, init_scale=0.5, seed=0)), True),
     ]
     return rows
 

@@ -1,5 +1,6 @@
 """nn modules: attention with any ropekit rotary, and a tiny ViT for experiments."""
 from .attention import Rotary, RotaryAttention, TinyViT
 from .rotary import RotaryEmbedding
+from .learned import GRAPE, ComRoPE, LieRE
 
-__all__ = ["Rotary", "RotaryAttention", "RotaryEmbedding", "TinyViT"]
+__all__ = ["Rotary", "RotaryAttention", "RotaryEmbedding", "TinyViT", "LieRE", "ComRoPE", "GRAPE"]
