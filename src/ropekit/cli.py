@@ -90,6 +90,24 @@ def _cmd_relative(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from .experiments import registry, runner
+
+    if args.list or not args.name:
+        for name in registry.experiments():
+            exp = registry.get(name)
+            print(f"{name}: {exp.summary}\n  designs: {', '.join(exp.designs)}")
+            for c in exp.claims:
+                print(f"  claim {c.id} ({c.source}): {c.text}")
+        return 0
+    designs = [d.strip() for d in args.designs.split(",") if d.strip()] if args.designs else None
+    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, preset=args.preset,
+                                device=args.device, out=args.out, progress=not args.quiet)
+    print(runner.summary_table(agg))
+    print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ropekit", description="Geometric rotary position embeddings.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ds = sub.add_parser("designs", help="list the registered position designs")
     ds.set_defaults(func=_cmd_designs)
+
+    ex = sub.add_parser("experiment", help="train small models to test the papers' claims (--list to see them)")
+    ex.add_argument("name", nargs="?", help="experiment name (see --list)")
+    ex.add_argument("--list", action="store_true", help="say what each experiment tests and which claim it probes")
+    ex.add_argument("--designs", help="comma-separated designs (default: the experiment's own list)")
+    ex.add_argument("--seeds", type=int, default=None, help="seeds per design (default: 3; 1 for micro)")
+    ex.add_argument("--preset", choices=("micro", "quick", "full"), default="quick")
+    ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
+    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.set_defaults(func=_cmd_experiment)
 
     try:
         from .viz import add_viz_parser
