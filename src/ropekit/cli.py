@@ -24,7 +24,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .designs import designs
     from .report import build_report
 
-    metrics = build_report(args.out, progress=not args.quiet)
+    metrics = build_report(args.out, progress=not args.quiet, experiments=args.experiments)
     out = Path(args.out).resolve()
     print(f"report written to {out / 'index.html'} (metrics in {out / 'metrics.json'}, "
           f"{metrics['_meta']['seconds']} s)")
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="write the HTML report of every design and family")
     r.add_argument("--out", default="report", help="output folder (default: report/)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--experiments", help="folder of `ropekit experiment` results to add (figures, verdicts)")
     r.set_defaults(func=_cmd_report)
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")

@@ -31,7 +31,7 @@ PRESETS = {
               "train": {"steps": 12, "batch": 16, "lr": 3e-3, "warmup": 3},
               "eval": {"n": 32, "gaps": [0, 8, 16], "grids": [4, 6], "images": [2, 3]}},
     "quick": {"model": {"dim": 64, "depth": 4, "heads": 4}, "task": _TASK,
-              "train": {"steps": 600, "batch": 64, "lr": 3e-3, "warmup": 50},
+              "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50},
               "eval": {"n": 256, "gaps": [0, 4, 8, 16, 32], "grids": [4, 5, 6], "images": [2, 3, 4]}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": _TASK,
              "train": {"steps": 20000, "batch": 256, "lr": 1e-3, "warmup": 500},

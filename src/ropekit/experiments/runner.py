@@ -127,7 +127,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
             if (design, seed) in done:
                 continue
             ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
-            rec = run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress and rank == 0)
+            rec = {"preset": preset, **run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress and rank == 0)}
             if rank == 0:
                 with runs_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")

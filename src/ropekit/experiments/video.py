@@ -27,7 +27,7 @@ PRESETS = {
               "train": {"steps": 12, "batch": 16, "lr": 3e-3, "warmup": 3},
               "eval": {"n": 32, "frames": [4, 16], "boundary_frames": 8}},
     "quick": {"model": {"dim": 64, "depth": 4, "heads": 4}, "task": _TASK,
-              "train": {"steps": 600, "batch": 64, "lr": 3e-3, "warmup": 50},
+              "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50},
               "eval": {"n": 256, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": {**_TASK, "h": 4, "w": 4},
              "train": {"steps": 20000, "batch": 256, "lr": 1e-3, "warmup": 500},

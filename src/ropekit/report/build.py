@@ -41,8 +41,12 @@ def _load(module: str, func: str) -> Callable:
     return getattr(importlib.import_module(module), func)
 
 
-def build_report(out_dir: "str | Path" = "report", *, progress: bool = True) -> dict:
-    """Write ``out_dir/index.html`` and ``out_dir/metrics.json``; return the metrics dict."""
+def build_report(out_dir: "str | Path" = "report", *, progress: bool = True,
+                 experiments: "str | Path | None" = None) -> dict:
+    """Write ``out_dir/index.html`` and ``out_dir/metrics.json``; return the metrics dict.
+
+    ``experiments``: a folder of ``ropekit experiment`` results, added as a last section.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -53,6 +57,10 @@ def build_report(out_dir: "str | Path" = "report", *, progress: bool = True) -> 
         sec = _load(mod, fn)(out)
         key = f"{mod.rsplit('.', 1)[-1]}.{fn}".replace(".section", "")
         metrics[key] = sec.get("metrics", {})
+        parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
+    if experiments is not None:
+        sec = _load("ropekit.report.experiments", "experiments_section")(out, experiments)
+        metrics["experiments"] = sec["metrics"]
         parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
     if progress:
         _progress(len(SECTIONS), len(SECTIONS), "done", t0)
