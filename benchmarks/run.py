@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from . import apply as apply_bench
+from . import experiments as experiments_bench
 from . import geope as geope_bench
 from . import index as index_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope")
+SUITES = ("apply", "index", "geope", "experiments")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if "geope" in suites:
         res = geope_bench.run(quick=args.quick, repeat=repeat, compile_=not args.no_compile, log=log)
         _write(args.out / "geope.json", {**header, "results": res})
+    if "experiments" in suites:
+        res = experiments_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "experiments.json", {**header, "results": res})
     return 0
 
 
