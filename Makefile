@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ropekit-installed
 
-.PHONY: demo test bench bench-quick setup clean
+.PHONY: demo test bench bench-quick setup clean experiments
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests
+
+# quick preset of every experiment (3 seeds each; sized for <= 7 min per experiment on 2 CPU cores), then the report
+experiments: $(STAMP)
+	$(VENV)/bin/ropekit experiment crossmodal --preset quick --out experiments/
+	$(VENV)/bin/ropekit experiment video --preset quick --out experiments/
+	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
