@@ -101,6 +101,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
                 print(f"  claim {c.id} ({c.source}): {c.text}")
         return 0
     designs = [d.strip() for d in args.designs.split(",") if d.strip()] if args.designs else None
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, preset=args.preset,
                                 device=args.device, out=args.out, progress=not args.quiet)
     print(runner.summary_table(agg))
@@ -149,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--preset", choices=("micro", "quick", "full"), default="quick")
     ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
+    ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     ex.add_argument("--quiet", action="store_true", help="no progress bars")
     ex.set_defaults(func=_cmd_experiment)
 

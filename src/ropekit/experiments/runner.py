@@ -81,7 +81,7 @@ def _done_runs(path: Path, preset: str) -> dict:
 def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.device, *, ckpt: Path | None = None,
             progress: bool = False, stop_after: int | None = None) -> dict | None:
     """Train and evaluate one (design, seed); the run's record, or None when ``stop_after`` interrupted it."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = exp.make_model(design, cfg)
@@ -96,7 +96,8 @@ def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.de
     return {"experiment": exp.name, "design": design, "seed": seed, "config": cfg,
             "hyperparameters": exp.hyperparameters_note, "metrics": metrics,
             "final_loss": sum(tail) / len(tail), "losses": res["losses"], "steps": res["steps"],
-            "train_s": round(res["seconds"], 3), "wall_s": round(time.perf_counter() - t0, 3),
+            "train_s": round(res["seconds"], 3), "train_cpu_s": round(res["cpu_seconds"], 3),
+            "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - c0, 3),
             "device": str(device), "world_size": dist_info()[1], "threads": torch.get_num_threads(),
             "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 

@@ -66,7 +66,10 @@ def _save(path: Path, state: dict) -> None:
 def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg: TrainConfig, *, seed: int,
           device: torch.device, ckpt: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
           stop_after: int | None = None) -> dict:
-    """Train ``model`` on ``sample(generator, global_batch)`` batches; return ``{"losses", "steps", "seconds"}``.
+    """Train ``model`` on ``sample(generator, global_batch)`` batches.
+
+    Returns ``{"losses", "steps", "seconds", "cpu_seconds", "stopped"}`` (``cpu_seconds``: this process's
+    CPU time, which on a shared machine estimates the wall time the run would take alone).
 
     With ``ckpt`` the state is saved every ``cfg.ckpt_every`` steps and a run finding the file resumes from
     it. ``stop_after`` ends the call after that many steps (having checkpointed) — a controlled stand-in
@@ -81,15 +84,15 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_at)
-    start, losses, seconds = 0, [], 0.0
+    start, losses, seconds, cpu = 0, [], 0.0, 0.0
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
-        start, losses, seconds = state["step"], state["losses"], state["seconds"]
+        start, losses, seconds, cpu = state["step"], state["losses"], state["seconds"], state.get("cpu_seconds", 0.0)
     share = cfg.batch // world
-    t0 = time.perf_counter() - seconds
+    t0, c0 = time.perf_counter() - seconds, time.process_time() - cpu
     model.train()
     for step in range(start, cfg.steps):
         batch = sample(torch.Generator().manual_seed(data_seed(seed, step)), cfg.batch).slice(rank * share,
@@ -110,11 +113,14 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
             (cfg.ckpt_every and done % cfg.ckpt_every == 0) or (stop_after is not None and done - start >= stop_after)
         ):
             _save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                         "step": done, "losses": losses, "seconds": time.perf_counter() - t0})
+                         "step": done, "losses": losses, "seconds": time.perf_counter() - t0,
+                         "cpu_seconds": time.process_time() - c0})
         if stop_after is not None and done - start >= stop_after and done < cfg.steps:
-            return {"losses": losses, "steps": done, "seconds": time.perf_counter() - t0, "stopped": True}
+            return {"losses": losses, "steps": done, "seconds": time.perf_counter() - t0,
+                    "cpu_seconds": time.process_time() - c0, "stopped": True}
     model.eval()
-    return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0, "stopped": False}
+    return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0, "stopped": False}
 
 
 def _global_mean(loss: torch.Tensor, world: int) -> float:

@@ -16,7 +16,7 @@ from .models import Decoder
 from .registry import register
 from .tasks.grids import grid_vocab, video_batch
 
-VOCAB = grid_vocab(symbols=12, fillers=8, max_side=8, max_images=4)
+VOCAB = grid_vocab(symbols=8, fillers=8, max_side=8, max_images=4)
 EVAL_SEED = 20240918
 DESIGNS = ("vanilla", "mrope", "compact", "vrope", "circle")
 
@@ -26,7 +26,7 @@ PRESETS = {
     "micro": {"model": {"dim": 32, "depth": 2, "heads": 2}, "task": _TASK,
               "train": {"steps": 12, "batch": 16, "lr": 3e-3, "warmup": 3},
               "eval": {"n": 32, "frames": [4, 16], "boundary_frames": 8}},
-    "quick": {"model": {"dim": 64, "depth": 4, "heads": 4}, "task": _TASK,
+    "quick": {"model": {"dim": 64, "depth": 3, "heads": 4}, "task": _TASK,
               "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50},
               "eval": {"n": 256, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": {**_TASK, "h": 4, "w": 4},
