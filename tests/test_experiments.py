@@ -153,6 +153,20 @@ def test_micro_preset_end_to_end(tmp_path, name, designs, capsys):
         assert c["verdict"] == expected
     out = capsys.readouterr().out
     assert "advantage" in out and name in out
+    # the report section draws the heat maps and curves and lists every verdict with its interval
+    from ropekit.report.experiments import experiments_section
+
+    (tmp_path / "rep").mkdir()
+    sec = experiments_section(tmp_path / "rep", tmp_path)
+    figs = get(name).figures
+    for key in [figs["heatmap"], *figs["curves"]]:
+        assert (tmp_path / "rep" / f"exp_{name}_{key}.png").stat().st_size > 1000
+    assert sec["metrics"][name]["claims"] == {c["id"]: c["verdict"] for c in agg["claims"]}
+    for c in agg["claims"]:
+        assert f"{c['advantage']['lo']:+.3f}" in sec["html"]
+    spreads = {d: agg["metrics"][d]["cell_spread"]["mean"] for d in designs.split(",")}
+    flattest = min(spreads, key=spreads.get)
+    assert f"Flattest map: {flattest} (std over cells {spreads[flattest]:.3f})" in sec["html"]
     # a second call finds every run done and trains nothing new
     assert _cli(name, "--designs", designs, "--seeds", "2", "--out", str(tmp_path)) == 0
     assert len((tmp_path / name / "runs.jsonl").read_text().splitlines()) == 4
@@ -169,6 +183,15 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path):
     resumed = runner.run_one(exp, "circle-age-alternate", 0, cfg, dev, ckpt=ckpt)
     assert resumed["losses"] == full["losses"]
     assert resumed["metrics"] == full["metrics"]
+
+
+def test_list_says_what_each_experiment_tests(capsys):
+    assert main(["experiment", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("crossmodal", "video"):
+        assert f"{name}:" in out
+        for c in get(name).claims:
+            assert c.text in out
 
 
 def test_unknown_names_fail_clearly(tmp_path):
