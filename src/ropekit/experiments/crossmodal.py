@@ -34,7 +34,7 @@ PRESETS = {
               "train": {"steps": 800, "batch": 32, "lr": 3e-3, "warmup": 50},
               "eval": {"n": 256, "gaps": [0, 4, 8, 16, 32], "grids": [3, 4, 5], "images": [2, 3, 4]}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": _TASK,
-             "train": {"steps": 20000, "batch": 256, "lr": 1e-3, "warmup": 500},
+             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300},
              "eval": {"n": 2048, "gaps": [0, 4, 8, 16, 32, 64], "grids": [3, 4, 6, 8], "images": [2, 3, 4]}},
 }
 

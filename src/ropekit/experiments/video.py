@@ -30,7 +30,7 @@ PRESETS = {
               "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50},
               "eval": {"n": 256, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": {**_TASK, "h": 4, "w": 4},
-             "train": {"steps": 20000, "batch": 256, "lr": 1e-3, "warmup": 500},
+             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300},
              "eval": {"n": 2048, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
 }
 
