@@ -104,12 +104,12 @@ CLAIMS = (
           "Circle-RoPE §4.1 (text equidistant from the image at any distance)", "acc_long_gap", "circle", "mrope"),
     Claim("C3", "Circle-RoPE keeps spatial structure: better than M-RoPE on grids larger than trained",
           "Circle-RoPE §4.1 (intra-image relations preserved)", "acc_large_grid", "circle", "mrope"),
-    Claim("C4", "Circle-RoPE handles several images at least as well as M-RoPE (which-image accuracy)",
-          "Circle-RoPE §4.3 (multiple images)", "acc_multi", "circle", "mrope"),
+    Claim("C4", "Circle-RoPE tells several images apart better than M-RoPE (which-image accuracy)",
+          "Circle-RoPE §4.3 (multi-image sequences)", "acc_multi", "circle", "mrope"),
     Claim("C5", "AGE (alternating Circle-RoPE / M-RoPE layers) beats Circle-RoPE in every layer",
-          "Circle-RoPE §4.2, Table 4", "acc", "circle-age-alternate", "circle"),
+          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "circle"),
     Claim("C5b", "AGE (alternating) beats M-RoPE in every layer",
-          "Circle-RoPE §4.2, Table 4", "acc", "circle-age-alternate", "mrope"),
+          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "mrope"),
 )
 
 EXPERIMENT = register(Experiment(
