@@ -219,3 +219,15 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-4, abs=1e-5)
     assert two["metrics"]["acc"] == pytest.approx(one["metrics"]["acc"], abs=0.05)
+
+
+def test_finished_runs_are_reused_only_for_the_same_configuration(tmp_path):
+    cfg = {"model": {"dim": 8}, "train": {"steps": 3, "ckpt_every": 0}}
+    rec = {"preset": "micro", "design": "mrope", "seed": 0, "config": cfg}
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    assert list(runner._done_runs(path, "micro", cfg)) == [("mrope", 0)]
+    # checkpoint frequency cannot change a result; anything else means the run must be redone
+    assert list(runner._done_runs(path, "micro", {**cfg, "train": {"steps": 3, "ckpt_every": 5}})) == [("mrope", 0)]
+    assert runner._done_runs(path, "micro", {**cfg, "train": {"steps": 4, "ckpt_every": 0}}) == {}
+    assert runner._done_runs(path, "quick", cfg) == {}

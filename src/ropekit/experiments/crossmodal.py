@@ -31,10 +31,10 @@ PRESETS = {
               "train": {"steps": 12, "batch": 16, "lr": 3e-3, "warmup": 3},
               "eval": {"n": 32, "gaps": [0, 8, 16], "grids": [3, 5], "images": [2, 3]}},
     "quick": {"model": {"dim": 64, "depth": 3, "heads": 4}, "task": _TASK,
-              "train": {"steps": 800, "batch": 32, "lr": 3e-3, "warmup": 50},
+              "train": {"steps": 800, "batch": 32, "lr": 3e-3, "warmup": 50, "ckpt_every": 200},
               "eval": {"n": 256, "gaps": [0, 4, 8, 16, 32], "grids": [3, 4, 5], "images": [2, 3, 4]}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": _TASK,
-             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300},
+             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300, "ckpt_every": 1000},
              "eval": {"n": 2048, "gaps": [0, 4, 8, 16, 32, 64], "grids": [3, 4, 6, 8], "images": [2, 3, 4]}},
 }
 

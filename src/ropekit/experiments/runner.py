@@ -66,14 +66,20 @@ def _bar(label: str) -> Callable[[int, int, float], None]:
     return show
 
 
-def _done_runs(path: Path, preset: str) -> dict:
+def _comparable(cfg: dict) -> dict:
+    """The config without settings that cannot change a result (checkpoint frequency)."""
+    return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "ckpt_every"}}
+
+
+def _done_runs(path: Path, preset: str, cfg: dict) -> dict:
+    """Finished runs of this preset *and configuration* (a changed preset runs again, never mixes)."""
     if not path.exists():
         return {}
     runs = {}
     for line in path.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            if r["preset"] == preset:
+            if r["preset"] == preset and _comparable(r["config"]) == _comparable(cfg):
                 runs[(r["design"], r["seed"])] = r
     return runs
 
@@ -122,7 +128,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     folder = Path(out) / name
     (folder / "ckpt").mkdir(parents=True, exist_ok=True)
     runs_path = folder / "runs.jsonl"
-    done = _done_runs(runs_path, preset)
+    done = _done_runs(runs_path, preset, cfg)
     for design in chosen:
         for seed in range(n_seeds):
             if (design, seed) in done:

@@ -27,10 +27,10 @@ PRESETS = {
               "train": {"steps": 12, "batch": 16, "lr": 3e-3, "warmup": 3},
               "eval": {"n": 32, "frames": [4, 16], "boundary_frames": 8}},
     "quick": {"model": {"dim": 64, "depth": 3, "heads": 4}, "task": _TASK,
-              "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50},
+              "train": {"steps": 600, "batch": 32, "lr": 3e-3, "warmup": 50, "ckpt_every": 200},
               "eval": {"n": 256, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": {**_TASK, "h": 4, "w": 4},
-             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300},
+             "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300, "ckpt_every": 1000},
              "eval": {"n": 2048, "frames": [2, 4, 8, 16, 32], "boundary_frames": 8}},
 }
 
