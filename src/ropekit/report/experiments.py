@@ -54,8 +54,9 @@ def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
             continue
         xs = list(m[key])
         pos = range(len(xs))
-        ax.plot(pos, [m[key][x]["mean"] for x in xs], marker="o", label=d)
-        ax.fill_between(pos, [m[key][x]["lo"] for x in xs], [m[key][x]["hi"] for x in xs], alpha=0.15)
+        (line,) = ax.plot(pos, [m[key][x]["mean"] for x in xs], marker="o", label=d)
+        ax.fill_between(pos, [m[key][x]["lo"] for x in xs], [m[key][x]["hi"] for x in xs], alpha=0.15,
+                        color=line.get_color())
         ax.set_xticks(list(pos), xs)
         last[d] = (xs[-1], m[key][xs[-1]]["mean"])
     ax.set_xlabel(xlabel)
