@@ -4,6 +4,9 @@ An experiment is one small file that builds an :class:`Experiment` and registers
 (:func:`ropekit.experiments.registry.register`). Metrics returned by ``evaluate`` are floats (scalars),
 ``{label: float}`` dicts (curves, e.g. accuracy per gap) or nested lists (heat maps); the runner
 aggregates each over seeds.
+
+The training loop only needs ``model(batch.tokens, batch.layout) -> (B, classes)`` logits and
+``batch.target``: a vision task can put image tensors in ``tokens`` and ignore ``layout``.
 """
 from __future__ import annotations
 
