@@ -19,7 +19,7 @@ BASE_STAMP := $(VENV)/.ropekit-base
 TEST_STAMP := $(VENV)/.ropekit-test
 BENCH_STAMP := $(VENV)/.ropekit-bench
 
-.PHONY: demo test bench bench-quick setup clean
+.PHONY: demo test bench bench-quick setup clean experiments
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ demo: $(BASE_STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests
+
+# quick preset of every experiment (3 seeds each; sized for <= 7 min per experiment on 2 CPU cores), then the report
+experiments: $(BASE_STAMP)
+	$(VENV)/bin/ropekit experiment crossmodal --preset quick --out experiments/
+	$(VENV)/bin/ropekit experiment video --preset quick --out experiments/
+	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
 
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run

@@ -101,7 +101,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
             raise ValueError(f"`--layout` {args.layout!r} needs both text and image/video tokens for the PTD and "
                              "bias measurements, e.g. --layout 'T4 I4x4 T4'")
         layout = str(lay)
-    metrics = build_report(args.out, progress=not args.quiet, layout=layout, designs=chosen)
+    metrics = build_report(args.out, progress=not args.quiet, layout=layout, designs=chosen,
+                           experiments=args.experiments)
     out = Path(args.out).resolve()
     print(f"report written to {out / 'index.html'} (metrics in {out / 'metrics.json'}, "
           f"{metrics['_meta']['seconds']} s)")
@@ -257,6 +258,30 @@ def _add_viz_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
     return viz
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from .experiments import registry, runner
+
+    if args.list or not args.name:
+        for name in registry.experiments():
+            exp = registry.get(name)
+            print(f"{name}: {exp.summary}\n  designs: {', '.join(exp.designs)}")
+            for c in exp.claims:
+                print(f"  claim {c.id} ({c.source}): {c.text}")
+        return 0
+    designs = [d.strip() for d in args.designs.split(",") if d.strip()] if args.designs else None
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, preset=args.preset,
+                                device=args.device, out=args.out, progress=not args.quiet)
+    print(runner.summary_table(agg))
+    print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ropekit", description="Geometric rotary position embeddings.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -268,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'")
     r.add_argument("--designs", default=None,
                    help="comma-separated designs to show, e.g. circle,mrope,vrope (default: every design)")
+    r.add_argument("--experiments", default=None,
+                   help="folder of `ropekit experiment` results to add (figures, verdicts)")
     r.set_defaults(func=_cmd_report)
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")
@@ -298,6 +325,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     ds = sub.add_parser("designs", help="list the registered position designs")
     ds.set_defaults(func=_cmd_designs)
+
+    ex = sub.add_parser("experiment", help="train small models to test the papers' claims (--list to see them)")
+    ex.add_argument("name", nargs="?", help="experiment name (see --list)")
+    ex.add_argument("--list", action="store_true", help="say what each experiment tests and which claim it probes")
+    ex.add_argument("--designs", help="comma-separated designs (default: the experiment's own list)")
+    ex.add_argument("--seeds", type=int, default=None, help="seeds per design (default: 3; 1 for micro)")
+    ex.add_argument("--preset", choices=("micro", "quick", "full"), default="quick",
+                    help="micro: seconds (tests); quick: minutes on a CPU; full: about an hour on one GPU")
+    ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
+    ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
+    ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.set_defaults(func=_cmd_experiment)
 
     _add_viz_parser(sub)
     return p

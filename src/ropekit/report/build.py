@@ -43,12 +43,13 @@ def _load(module: str, func: str) -> Callable:
 
 
 def build_report(out_dir: "str | Path" = "report", *, progress: bool = True, layout: "str | None" = None,
-                 designs: "list[str] | None" = None) -> dict:
+                 designs: "list[str] | None" = None, experiments: "str | Path | None" = None) -> dict:
     """Write ``out_dir/index.html`` and ``out_dir/metrics.json``; return the metrics dict.
 
     ``layout`` (a layout string) replaces the default layouts of the multimodal sections and
     ``designs`` (registered names) restricts them to those designs; the N-D and relative-position
-    sections do not depend on either.
+    sections do not depend on either. ``experiments``: a folder of ``ropekit experiment`` results,
+    added as a last section.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,6 +61,10 @@ def build_report(out_dir: "str | Path" = "report", *, progress: bool = True, lay
         sec = _load(mod, fn)(out, layout=layout, designs=designs)
         key = f"{mod.rsplit('.', 1)[-1]}.{fn}".replace(".section", "")
         metrics[key] = sec.get("metrics", {})
+        parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
+    if experiments is not None:
+        sec = _load("ropekit.report.experiments", "experiments_section")(out, experiments)
+        metrics["experiments"] = sec["metrics"]
         parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
     if progress:
         _progress(len(SECTIONS), len(SECTIONS), "done", t0)

@@ -1,0 +1,73 @@
+"""What an experiment is: a task, a model factory, presets, an evaluation and the paper claims it tests.
+
+An experiment is one small file that builds an :class:`Experiment` and registers it
+(:func:`ropekit.experiments.registry.register`). Metrics returned by ``evaluate`` are floats (scalars),
+``{label: float}`` dicts (curves, e.g. accuracy per gap) or nested lists (heat maps); the runner
+aggregates each over seeds.
+
+The training loop only needs ``model(batch.tokens, batch.layout) -> (B, classes)`` logits and
+``batch.target``: a vision task can put image tensors in ``tokens`` and ignore ``layout``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .tasks import Batch
+
+__all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """"``design`` beats ``baseline`` on ``metric``" (``better``: higher or lower), citing the paper."""
+
+    id: str
+    text: str
+    source: str
+    metric: str
+    design: str
+    baseline: str
+    better: str = "higher"
+
+
+@dataclass
+class Experiment:
+    name: str
+    summary: str
+    designs: tuple[str, ...]
+    presets: dict[str, dict]
+    make_model: Callable[[str, dict], nn.Module]
+    sampler: Callable[[dict], Callable[[torch.Generator, int], Batch]]
+    evaluate: Callable[[nn.Module, dict, torch.device], dict]
+    claims: tuple[Claim, ...] = ()
+    figures: dict = field(default_factory=dict)
+    hyperparameters_note: str = ""
+
+
+@torch.no_grad()
+def correct(model: nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+    """Boolean ``(B,)``: is the arg-max next token the answer?"""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(batch.tokens.to(device), batch.layout)
+    return (logits.argmax(-1).cpu() == batch.target)
+
+
+def accuracy(model: nn.Module, batches: list[Batch], device: torch.device) -> float:
+    hits = torch.cat([correct(model, b, device) for b in batches])
+    return float(hits.float().mean())
+
+
+def cell_map(hits: torch.Tensor, cells: torch.Tensor, h: int, w: int) -> list[list[float]]:
+    """Accuracy per cell ``(h, w)`` from per-sample hits and target cells (NaN-free: empty cells get 0)."""
+    n = torch.bincount(cells, minlength=h * w).float()
+    k = torch.bincount(cells, weights=hits.float(), minlength=h * w)
+    return (k / n.clamp(min=1)).view(h, w).tolist()
+
+
+def spread(grid: list[list[float]]) -> float:
+    """Standard deviation of a heat map's cells: 0 when accuracy does not depend on the location."""
+    return float(torch.tensor(grid).std(unbiased=False))

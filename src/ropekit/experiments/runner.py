@@ -1,0 +1,205 @@
+"""Run an experiment over designs × seeds, one JSON line per run, then aggregate with 95 % intervals.
+
+Files written under ``out/<experiment>/``: ``runs.jsonl`` (one line per finished run: config, metrics,
+wall time, versions), ``aggregate.json`` (per design and metric the mean and t-interval over seeds,
+plus a verdict per paper claim) and ``ckpt/`` (checkpoints of unfinished runs; a rerun resumes them
+and skips finished runs). Under ``torchrun`` every rank trains its share of each global batch and rank
+0 writes the files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .base import Experiment
+from .registry import get
+from .stats import mean_interval, paired_verdict
+from .train import TrainConfig, dist_info, train
+
+__all__ = ["run_experiment", "aggregate", "verdicts", "summary_table", "init_distributed"]
+
+PRESETS = ("micro", "quick", "full")
+
+
+def init_distributed(device: str) -> torch.device:
+    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (gloo on CPU, NCCL on CUDA); pick the device."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _versions() -> dict:
+    from .. import __version__
+
+    return {"ropekit": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def _bar(label: str) -> Callable[[int, int, float], None]:
+    t0 = time.time()
+
+    def show(i: int, n: int, loss: float) -> None:
+        if i != n and i % max(1, n // 50):
+            return
+        done = int(24 * i / n)
+        sys.stderr.write(f"\r  {label:<28} [{'#' * done}{'-' * (24 - done)}] {i}/{n} loss {loss:.3f} "
+                         f"{time.time() - t0:5.1f}s")
+        if i == n:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _comparable(cfg: dict) -> dict:
+    """The config without settings that cannot change a result (checkpoint frequency)."""
+    return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "ckpt_every"}}
+
+
+def _done_runs(path: Path, preset: str, cfg: dict) -> dict:
+    """Finished runs of this preset *and configuration* (a changed preset runs again, never mixes)."""
+    if not path.exists():
+        return {}
+    runs = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r["preset"] == preset and _comparable(r["config"]) == _comparable(cfg):
+                runs[(r["design"], r["seed"])] = r
+    return runs
+
+
+def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.device, *, ckpt: Path | None = None,
+            progress: bool = False, stop_after: int | None = None) -> dict | None:
+    """Train and evaluate one (design, seed); the run's record, or None when ``stop_after`` interrupted it."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = exp.make_model(design, cfg)
+    tcfg = TrainConfig(**cfg["train"])
+    bar = _bar(f"{design} seed {seed}") if progress else None
+    res = train(model, exp.sampler(cfg), tcfg, seed=seed, device=device, ckpt=ckpt, progress=bar,
+                stop_after=stop_after)
+    if res["stopped"]:
+        return None
+    metrics = exp.evaluate(model, cfg, device)
+    tail = res["losses"][-max(1, len(res["losses"]) // 10):]
+    return {"experiment": exp.name, "design": design, "seed": seed, "config": cfg,
+            "hyperparameters": exp.hyperparameters_note, "metrics": metrics,
+            "final_loss": sum(tail) / len(tail), "losses": res["losses"], "steps": res["steps"],
+            "train_s": round(res["seconds"], 3), "train_cpu_s": round(res["cpu_seconds"], 3),
+            "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - c0, 3),
+            "device": str(device), "world_size": dist_info()[1], "threads": torch.get_num_threads(),
+            "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, preset: str = "quick",
+                   device: str = "cpu", out: "str | Path" = "experiments", progress: bool = True) -> dict:
+    """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate."""
+    exp = get(name)
+    if preset not in exp.presets:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(exp.presets)}")
+    cfg = exp.presets[preset]
+    chosen = list(designs or exp.designs)
+    from .models import layer_designs
+
+    for d in chosen:
+        layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
+    n_seeds = seeds if seeds is not None else (1 if preset == "micro" else 3)
+    if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
+        raise ValueError(f"`seeds` must be an int >= 1, got {n_seeds!r}")
+    dev = init_distributed(device)
+    rank, _ = dist_info()
+    folder = Path(out) / name
+    (folder / "ckpt").mkdir(parents=True, exist_ok=True)
+    runs_path = folder / "runs.jsonl"
+    done = _done_runs(runs_path, preset, cfg)
+    for design in chosen:
+        for seed in range(n_seeds):
+            if (design, seed) in done:
+                continue
+            ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
+            rec = {"preset": preset, **run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress and rank == 0)}
+            if rank == 0:
+                with runs_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                ckpt.unlink(missing_ok=True)
+            done[(design, seed)] = rec
+    runs = [done[(d, s)] for d in chosen for s in range(n_seeds)]
+    agg = {"experiment": name, "preset": preset, "seeds": n_seeds, "designs": chosen, "config": cfg,
+           "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
+           "claims": verdicts(exp, runs), "versions": _versions(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if rank == 0:
+        (folder / "aggregate.json").write_text(json.dumps(agg, indent=1))
+    return agg
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Per design, per metric: scalars → interval dict; curves ``{x: v}`` → ``{x: interval}``; heat maps →
+    the element-wise mean over seeds (``{"mean": grid, "n": seeds}``)."""
+    by_design: dict[str, list[dict]] = {}
+    for r in runs:
+        by_design.setdefault(r["design"], []).append(r["metrics"])
+    out = {}
+    for design, ms in by_design.items():
+        agg = {}
+        for key, first in ms[0].items():
+            if isinstance(first, dict):
+                agg[key] = {x: mean_interval([m[key][x] for m in ms]) for x in first}
+            elif isinstance(first, list):
+                grids = torch.tensor([m[key] for m in ms], dtype=torch.float64)
+                agg[key] = {"mean": grids.mean(0).tolist(), "n": len(ms)}
+            elif first == first:  # skip NaN scalars (a metric with no data at this preset)
+                agg[key] = mean_interval([m[key] for m in ms])
+        out[design] = agg
+    return out
+
+
+def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
+    """One verdict per claim whose two designs were both run (paired by seed)."""
+    table = {(r["design"], r["seed"]): r["metrics"] for r in runs}
+    seeds = sorted({s for _, s in table})
+    rows = []
+    for c in exp.claims:
+        if not all((d, s) in table for d in (c.design, c.baseline) for s in seeds):
+            continue
+        a = [table[(c.design, s)][c.metric] for s in seeds]
+        b = [table[(c.baseline, s)][c.metric] for s in seeds]
+        v = paired_verdict(a, b, c.better)
+        rows.append({"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
+                     "baseline": c.baseline, "better": c.better, "verdict": v["verdict"],
+                     "advantage": v["advantage"], "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b)})
+    return rows
+
+
+def summary_table(agg: dict) -> str:
+    """Plain-text table: scalar metrics per design (mean ± half-width), then the verdicts."""
+    metrics = agg["metrics"]
+    keys = [k for k, v in next(iter(metrics.values())).items() if "lo" in v]
+    lines = [f"{agg['experiment']} ({agg['preset']}, {agg['seeds']} seed(s)); mean ± 95% half-width"]
+    lines.append(f"{'design':<22}" + "".join(f"{k:>17}" for k in keys))
+    for d, m in metrics.items():
+        lines.append(f"{d:<22}" + "".join(
+            f"{m[k]['mean']:>9.3f} ± {(m[k]['hi'] - m[k]['lo']) / 2:<5.3f}" if k in m else f"{'-':>17}" for k in keys))
+    for c in agg["claims"]:
+        a = c["advantage"]
+        lines.append(f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
+                     f"{c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} "
+                     f"(advantage {a['mean']:+.3f}, 95% [{a['lo']:+.3f}, {a['hi']:+.3f}])")
+    return "\n".join(lines)

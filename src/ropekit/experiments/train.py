@@ -1,0 +1,133 @@
+"""Training loop: AdamW, linear warm-up + cosine decay, gradient clipping, bf16 autocast on CUDA only,
+atomic checkpoints with resume, and data drawn from an explicit per-step generator.
+
+Determinism: the batch of step ``i`` comes from ``torch.Generator().manual_seed(data_seed(seed, i))``,
+so a resumed run sees exactly the batches an uninterrupted run would. Under ``torch.distributed`` each
+rank draws the same global batch and trains on its own contiguous slice; DistributedDataParallel
+averages the gradients, which equals the gradient of the global-batch mean loss.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .tasks import Batch
+
+__all__ = ["TrainConfig", "train", "data_seed", "dist_info"]
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch: int
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    clip: float = 1.0
+    ckpt_every: int = 0
+
+    def lr_at(self, step: int) -> float:
+        """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine to ``min_lr_ratio``."""
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def data_seed(seed: int, step: int) -> int:
+    """Seed of the generator for training batch ``step`` of run ``seed`` (distinct streams per seed)."""
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**63 - 1)
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world size) of the current torch.distributed group, (0, 1) when not distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _save(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg: TrainConfig, *, seed: int,
+          device: torch.device, ckpt: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
+          stop_after: int | None = None) -> dict:
+    """Train ``model`` on ``sample(generator, global_batch)`` batches.
+
+    Returns ``{"losses", "steps", "seconds", "cpu_seconds", "stopped"}`` (``cpu_seconds``: this process's
+    CPU time, which on a shared machine estimates the wall time the run would take alone).
+
+    With ``ckpt`` the state is saved every ``cfg.ckpt_every`` steps and a run finding the file resumes from
+    it. ``stop_after`` ends the call after that many steps (having checkpointed) — a controlled stand-in
+    for a killed process, used by the tests.
+    """
+    rank, world = dist_info()
+    if cfg.batch % world:
+        raise ValueError(f"global batch {cfg.batch} is not divisible by the world size {world}")
+    model.to(device)
+    net = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_at)
+    start, losses, seconds, cpu = 0, [], 0.0, 0.0
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        start, losses, seconds, cpu = state["step"], state["losses"], state["seconds"], state.get("cpu_seconds", 0.0)
+    share = cfg.batch // world
+    t0, c0 = time.perf_counter() - seconds, time.process_time() - cpu
+    model.train()
+    for step in range(start, cfg.steps):
+        batch = sample(torch.Generator().manual_seed(data_seed(seed, step)), cfg.batch).slice(rank * share,
+                                                                                             (rank + 1) * share)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = net(batch.tokens.to(device), batch.layout)
+        loss = F.cross_entropy(logits.float(), batch.target.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        sched.step()
+        losses.append(_global_mean(loss.detach(), world))
+        done = step + 1
+        if progress is not None:
+            progress(done, cfg.steps, losses[-1])
+        if ckpt is not None and rank == 0 and (
+            (cfg.ckpt_every and done % cfg.ckpt_every == 0) or (stop_after is not None and done - start >= stop_after)
+        ):
+            _save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                         "step": done, "losses": losses, "seconds": time.perf_counter() - t0,
+                         "cpu_seconds": time.process_time() - c0})
+        if stop_after is not None and done - start >= stop_after and done < cfg.steps:
+            return {"losses": losses, "steps": done, "seconds": time.perf_counter() - t0,
+                    "cpu_seconds": time.process_time() - c0, "stopped": True}
+    model.eval()
+    return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0, "stopped": False}
+
+
+def _global_mean(loss: torch.Tensor, world: int) -> float:
+    if world > 1:
+        import torch.distributed as dist
+
+        loss = loss.clone()
+        dist.all_reduce(loss)
+        loss /= world
+    return float(loss)

@@ -1,0 +1,118 @@
+"""Report section for trained-model experiments: heat maps, curves with interval bands, verdicts.
+
+Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``; nothing is run here.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ._html import table  # noqa: E402
+
+__all__ = ["experiments_section", "plot_heatmaps", "plot_curve"]
+
+
+def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
+    """One panel per design (mean over seeds), one shared 0–1 colour bar; returns a caption from the numbers."""
+    maps = {d: m[key]["mean"] for d, m in agg["metrics"].items() if key in m}
+    n = len(maps)
+    cols = min(5, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(2.9 * cols + 1.2, 3.0 * rows), squeeze=False)
+    im = None
+    for i, (ax, (d, grid)) in enumerate(zip(axes.flat, maps.items())):
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+        spread = agg["metrics"][d]["cell_spread"]["mean"]
+        ax.set_title(f"{d}\nspread {spread:.3f}", fontsize=9)
+        ax.set_xlabel("column")
+        if i % cols == 0:
+            ax.set_ylabel("row")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.subplots_adjust(hspace=0.55, wspace=0.3)
+    fig.colorbar(im, ax=axes, label=f"accuracy (mean of {agg['seeds']} seeds)", shrink=0.8)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    spreads = {d: agg["metrics"][d]["cell_spread"]["mean"] for d in maps}
+    lo, hi = min(spreads, key=spreads.get), max(spreads, key=spreads.get)
+    return (f"Accuracy per target cell. Flattest map: {lo} (std over cells {spreads[lo]:.3f}); "
+            f"most location-dependent: {hi} ({spreads[hi]:.3f}).")
+
+
+def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
+    """Accuracy against a condition, one line per design with its 95 % interval band; returns a caption."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    last = {}
+    for d, m in agg["metrics"].items():
+        if key not in m:
+            continue
+        xs = list(m[key])
+        pos = range(len(xs))
+        (line,) = ax.plot(pos, [m[key][x]["mean"] for x in xs], marker="o", label=d)
+        ax.fill_between(pos, [m[key][x]["lo"] for x in xs], [m[key][x]["hi"] for x in xs], alpha=0.15,
+                        color=line.get_color())
+        ax.set_xticks(list(pos), xs)
+        last[d] = (xs[-1], m[key][xs[-1]]["mean"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    best = max(last, key=lambda d: last[d][1])
+    worst = min(last, key=lambda d: last[d][1])
+    x = last[best][0]
+    return (f"Accuracy vs {xlabel}; bands are 95 % t-intervals over {agg['seeds']} seeds. At {x}: best {best} "
+            f"({last[best][1]:.3f}), worst {worst} ({last[worst][1]:.3f}).")
+
+
+def _verdicts(agg: dict) -> str:
+    rows = []
+    for c in agg["claims"]:
+        a = c["advantage"]
+        rows.append([c["id"], html.escape(c["claim"]), html.escape(c["source"]), f"<code>{c['metric']}</code> "
+                     f"({c['better']} is better)", f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
+                     f"{c['baseline_mean']:.3f}", f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}]",
+                     f"<b>{c['verdict']}</b>"])
+    return table(["id", "claim", "paper", "metric", "means", "advantage (95 % CI)", "verdict"], rows)
+
+
+def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
+    """The HTML of every experiment found under ``experiments_dir`` (figures written into ``out``)."""
+    from ..experiments.registry import get
+
+    found = sorted(Path(experiments_dir).glob("*/aggregate.json"))
+    if not found:
+        return {"title": "Experiments", "html": f"<p>No <code>aggregate.json</code> under "
+                f"<code>{html.escape(str(experiments_dir))}</code>; run <code>ropekit experiment NAME</code>.</p>",
+                "metrics": {}}
+    parts, metrics = [], {}
+    for f in found:
+        agg = json.loads(f.read_text())
+        name = agg["experiment"]
+        figs = get(name).figures
+        parts.append(f"<h3>{html.escape(name)}</h3><p class='note'>preset <code>{agg['preset']}</code>, "
+                     f"{agg['seeds']} seed(s), run {agg['date']}, ropekit {agg['versions']['ropekit']}, torch "
+                     f"{agg['versions']['torch']}. Hyper-parameters {html.escape(agg['hyperparameters'])}: "
+                     f"<code>{html.escape(json.dumps(agg['config']['model']))}</code>, "
+                     f"<code>{html.escape(json.dumps(agg['config']['train']))}</code>.</p>")
+        if figs.get("heatmap"):
+            png = f"exp_{name}_{figs['heatmap']}.png"
+            cap = plot_heatmaps(agg, figs["heatmap"], out / png)
+            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        for key, label in figs.get("curves", {}).items():
+            png = f"exp_{name}_{key}.png"
+            cap = plot_curve(agg, key, label, out / png)
+            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        parts.append(_verdicts(agg))
+        metrics[name] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"]}
+    return {"title": "Experiments: trained small models against the papers' claims", "html": "\n".join(parts),
+            "metrics": metrics}

@@ -1,0 +1,233 @@
+"""The experiment harness: generators, intervals, verdicts, micro runs end to end, resume, torchrun."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ropekit.cli import main
+from ropekit.experiments import get, runner
+from ropekit.experiments.stats import mean_interval, paired_verdict, t_quantile_975
+from ropekit.experiments.tasks.grids import KINDS, grid_vocab, image_batch, video_batch
+
+V = grid_vocab()
+
+
+# --- statistics against hand computations -----------------------------------------------------------
+
+def test_t_quantiles_match_published_table():
+    # two-sided 95 % Student-t critical values from any statistics table
+    assert t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
+    assert t_quantile_975(2) == pytest.approx(4.303, abs=1e-3)
+    assert t_quantile_975(9) == pytest.approx(2.262, abs=1e-3)
+    assert t_quantile_975(1000) == pytest.approx(1.960, abs=1e-3)
+    with pytest.raises(ValueError, match="df"):
+        t_quantile_975(0)
+
+
+def test_mean_interval_by_hand():
+    # values 1, 2, 3: mean 2, sample sd 1, se 1/sqrt(3), t(2) = 4.303 -> half-width 2.4843
+    r = mean_interval([1.0, 2.0, 3.0])
+    assert r["mean"] == pytest.approx(2.0)
+    assert r["sd"] == pytest.approx(1.0)
+    assert r["hi"] - r["mean"] == pytest.approx(4.303 / math.sqrt(3), rel=1e-6)
+    assert r["mean"] - r["lo"] == pytest.approx(2.4843, abs=1e-4)
+    with pytest.raises(ValueError, match="empty"):
+        mean_interval([])
+    with pytest.raises(ValueError, match="finite"):
+        mean_interval([1.0, float("nan")])
+
+
+def test_paired_verdicts_follow_the_interval():
+    # differences 0.1, 0.12, 0.11: interval well above 0 -> reproduced
+    assert paired_verdict([0.6, 0.62, 0.61], [0.5, 0.5, 0.5])["verdict"] == "reproduced"
+    assert paired_verdict([0.4, 0.38, 0.39], [0.5, 0.5, 0.5])["verdict"] == "contradicted"
+    # "lower is better": the same numbers flip
+    assert paired_verdict([0.4, 0.38, 0.39], [0.5, 0.5, 0.5], "lower")["verdict"] == "reproduced"
+    # differences +0.1, -0.1, +0.05 straddle 0 -> inconclusive
+    assert paired_verdict([0.6, 0.4, 0.55], [0.5, 0.5, 0.5])["verdict"] == "inconclusive"
+    assert paired_verdict([0.9], [0.1])["verdict"] == "inconclusive"  # one seed never decides
+    with pytest.raises(ValueError, match="pair"):
+        paired_verdict([1.0, 2.0], [1.0])
+
+
+# --- data generators --------------------------------------------------------------------------------
+
+def _answer_by_brute_force(tokens: list[int], h: int, w: int, images: int, gap: int) -> int:
+    """Decode one sample and answer its question by looking at the grid (independent of the generator)."""
+    N = h * w
+    grids, i = [], 1
+    for k in range(images):
+        if k:
+            assert tokens[i] == V["SEP"]
+            i += 1
+        grids.append([t - V["SYM"] for t in tokens[i:i + N]])
+        i += N
+    q = tokens[i + gap:]
+    sym = lambda t: t - V["SYM"]
+    if q[0] == V["Q_AT"]:
+        r, c = q[1] - V["ROW"], q[2] - V["COL"]
+        return V["SYM"] + grids[0][r * w + c]
+    if q[0] == V["Q_PRESENT"]:
+        return V["YES"] if sym(q[1]) in grids[0] else V["NO"]
+    if q[0] == V["Q_WHERE"]:
+        hits = [k for k, s in enumerate(grids[0]) if s == sym(q[1])]
+        assert len(hits) == 1, "a where-question's symbol must occur exactly once"
+        return V["CELL"] + hits[0]
+    assert q[0] == V["Q_WHICH"]
+    hits = [k for k, g in enumerate(grids) for s in g if s == sym(q[1])]
+    assert len(hits) == 1, "a which-question's symbol must occur exactly once over all images"
+    return V["IMG"] + hits[0]
+
+
+@pytest.mark.parametrize("images,h,w,gap", [(1, 4, 4, 3), (1, 3, 5, 0), (3, 4, 4, 2)])
+def test_image_answers_are_determined_by_the_tokens(images, h, w, gap):
+    b = image_batch(V, 200, h=h, w=w, gap=gap, images=images, g=torch.Generator().manual_seed(1))
+    assert b.tokens.shape == (200, 1 + images * h * w + (images - 1) + gap + 3)
+    for toks, target in zip(b.tokens.tolist(), b.target.tolist()):
+        assert _answer_by_brute_force(toks, h, w, images, gap) == target
+    if images == 1:  # every kind appears and yes/no is roughly balanced
+        kinds = set(b.info["kind"].tolist())
+        assert kinds == {KINDS.index(k) for k in ("at", "present", "where")}
+        yn = b.target[b.info["kind"] == KINDS.index("present")]
+        assert 0.25 < float((yn == V["YES"]).float().mean()) < 0.75
+
+
+def test_video_needle_is_unique_and_answered_by_its_cell():
+    t, h, w = 5, 3, 4
+    b = video_batch(V, 100, t=t, h=h, w=w, gap=2, g=torch.Generator().manual_seed(2))
+    vid = b.tokens[:, 1:1 + t * h * w]
+    assert ((vid == V["NEEDLE"]).sum(1) == 1).all()
+    pos = (vid == V["NEEDLE"]).float().argmax(1)
+    assert torch.equal(V["CELL"] + pos % (h * w), b.target)
+    assert torch.equal(pos // (h * w), b.info["frame"])
+
+
+def test_generators_reproduce_from_their_seed():
+    a = image_batch(V, 16, h=4, w=4, gap=3, g=torch.Generator().manual_seed(7))
+    b = image_batch(V, 16, h=4, w=4, gap=3, g=torch.Generator().manual_seed(7))
+    c = image_batch(V, 16, h=4, w=4, gap=3, g=torch.Generator().manual_seed(8))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.target, b.target)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_bad_sizes_are_rejected():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="max side"):
+        image_batch(V, 2, h=9, w=4, gap=0, g=g)
+    with pytest.raises(ValueError, match="images"):
+        image_batch(V, 2, h=4, w=4, gap=0, images=5, g=g)
+
+
+# --- runs ---------------------------------------------------------------------------------------------
+
+def _cli(*args: str) -> int:
+    return main(["experiment", *args, "--preset", "micro", "--quiet"])
+
+
+@pytest.mark.parametrize("name,designs", [("crossmodal", "mrope,circle"), ("video", "mrope,vrope")])
+def test_micro_preset_end_to_end(tmp_path, name, designs, capsys):
+    assert _cli(name, "--designs", designs, "--seeds", "2", "--out", str(tmp_path)) == 0
+    runs = [json.loads(l) for l in (tmp_path / name / "runs.jsonl").read_text().splitlines()]
+    assert sorted((r["design"], r["seed"]) for r in runs) == sorted(
+        (d, s) for d in designs.split(",") for s in (0, 1))
+    for r in runs:
+        assert r["steps"] == get(name).presets["micro"]["train"]["steps"] and r["wall_s"] > 0
+        assert r["versions"]["torch"] == torch.__version__ and 0 <= r["metrics"]["acc"] <= 1
+    agg = json.loads((tmp_path / name / "aggregate.json").read_text())
+    # the aggregate's interval is the t-interval of the per-seed values
+    for d in designs.split(","):
+        vals = [r["metrics"]["acc"] for r in runs if r["design"] == d]
+        assert agg["metrics"][d]["acc"]["mean"] == pytest.approx(sum(vals) / 2)
+        assert agg["metrics"][d]["acc"]["hi"] == pytest.approx(mean_interval(vals)["hi"])
+    assert agg["claims"], "claims whose two designs ran get a verdict"
+    for c in agg["claims"]:
+        a = c["advantage"]
+        expected = "reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else "inconclusive"
+        assert c["verdict"] == expected
+    out = capsys.readouterr().out
+    assert "advantage" in out and name in out
+    # the report section draws the heat maps and curves and lists every verdict with its interval
+    from ropekit.report.experiments import experiments_section
+
+    (tmp_path / "rep").mkdir()
+    sec = experiments_section(tmp_path / "rep", tmp_path)
+    figs = get(name).figures
+    for key in [figs["heatmap"], *figs["curves"]]:
+        assert (tmp_path / "rep" / f"exp_{name}_{key}.png").stat().st_size > 1000
+    assert sec["metrics"][name]["claims"] == {c["id"]: c["verdict"] for c in agg["claims"]}
+    for c in agg["claims"]:
+        assert f"{c['advantage']['lo']:+.3f}" in sec["html"]
+    spreads = {d: agg["metrics"][d]["cell_spread"]["mean"] for d in designs.split(",")}
+    flattest = min(spreads, key=spreads.get)
+    assert f"Flattest map: {flattest} (std over cells {spreads[flattest]:.3f})" in sec["html"]
+    # a second call finds every run done and trains nothing new
+    assert _cli(name, "--designs", designs, "--seeds", "2", "--out", str(tmp_path)) == 0
+    assert len((tmp_path / name / "runs.jsonl").read_text().splitlines()) == 4
+
+
+def test_resume_after_interruption_gives_the_same_result(tmp_path):
+    exp = get("crossmodal")
+    cfg = {**exp.presets["micro"], "train": {**exp.presets["micro"]["train"], "ckpt_every": 4}}
+    dev = torch.device("cpu")
+    full = runner.run_one(exp, "circle-age-alternate", 0, cfg, dev)
+    ckpt = tmp_path / "run.pt"
+    assert runner.run_one(exp, "circle-age-alternate", 0, cfg, dev, ckpt=ckpt, stop_after=7) is None
+    assert ckpt.exists()
+    resumed = runner.run_one(exp, "circle-age-alternate", 0, cfg, dev, ckpt=ckpt)
+    assert resumed["losses"] == full["losses"]
+    assert resumed["metrics"] == full["metrics"]
+
+
+def test_list_says_what_each_experiment_tests(capsys):
+    assert main(["experiment", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("crossmodal", "video"):
+        assert f"{name}:" in out
+        for c in get(name).claims:
+            assert c.text in out
+
+
+def test_unknown_names_fail_clearly(tmp_path):
+    with pytest.raises(ValueError, match="unknown experiment"):
+        runner.run_experiment("nope", out=tmp_path)
+    with pytest.raises(ValueError, match="unknown design"):
+        runner.run_experiment("crossmodal", designs=["mrope", "hard"], preset="micro", out=tmp_path)
+    with pytest.raises(ValueError, match="AGE schedule"):
+        runner.run_experiment("crossmodal", designs=["circle-age-sideways"], preset="micro", out=tmp_path)
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path):
+    """2 gloo processes, each on half of every global batch, log the same losses as 1 process."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    script = tmp_path / "entry.py"
+    script.write_text("import sys\nfrom ropekit.cli import main\nsys.exit(main())\n")
+    args = ["experiment", "crossmodal", "--designs", "mrope", "--seeds", "1", "--preset", "micro", "--quiet"]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    str(script), *args, "--out", str(tmp_path / "two")], check=True, env=env, timeout=120,
+                   capture_output=True)
+    assert _cli("crossmodal", "--designs", "mrope", "--seeds", "1", "--out", str(tmp_path / "one")) == 0
+    two = json.loads((tmp_path / "two" / "crossmodal" / "runs.jsonl").read_text().splitlines()[0])
+    one = json.loads((tmp_path / "one" / "crossmodal" / "runs.jsonl").read_text().splitlines()[0])
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-4, abs=1e-5)
+    assert two["metrics"]["acc"] == pytest.approx(one["metrics"]["acc"], abs=0.05)
+
+
+def test_finished_runs_are_reused_only_for_the_same_configuration(tmp_path):
+    cfg = {"model": {"dim": 8}, "train": {"steps": 3, "ckpt_every": 0}}
+    rec = {"preset": "micro", "design": "mrope", "seed": 0, "config": cfg}
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    assert list(runner._done_runs(path, "micro", cfg)) == [("mrope", 0)]
+    # checkpoint frequency cannot change a result; anything else means the run must be redone
+    assert list(runner._done_runs(path, "micro", {**cfg, "train": {"steps": 3, "ckpt_every": 5}})) == [("mrope", 0)]
+    assert runner._done_runs(path, "micro", {**cfg, "train": {"steps": 4, "ckpt_every": 0}}) == {}
+    assert runner._done_runs(path, "quick", cfg) == {}
