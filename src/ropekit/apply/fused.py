@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_rope
+from ._parallel import run_blocks
 from .planar import _broadcast, _validate
 
 __all__ = ["apply_rotary_fused", "apply_rotary_qk_fused", "rotate_functional"]
@@ -77,8 +78,9 @@ def _rotate_eager(
     """Eager rotation in cache-sized blocks along the sequence, written straight into the output.
 
     The reference makes about ten full passes over float32 temporaries; here each block's temporaries
-    stay in cache, so memory sees roughly one read of x and one write of the output. The operations
-    and their order are the reference's, so results are identical bit for bit.
+    stay in cache, so memory sees roughly one read of x and one write of the output. With several torch
+    threads the blocks run concurrently (:func:`._parallel.run_blocks`), each block single-threaded. The
+    operations and their order are the reference's, so results are identical bit for bit.
     """
     work = _work_dtype(x)
     c = c.to(work)
@@ -94,10 +96,11 @@ def _rotate_eager(
     if x.device.type != "cpu" or step >= L:
         _rotate_block(x, c, s, out, channels, rot)
         return out
-    for i in range(0, L, step):
-        n = min(step, L - i)
-        _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
-                      out.narrow(ldim, i, n), channels, rot)
+    def block(i: int, n: int):
+        return lambda: _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
+                                     out.narrow(ldim, i, n), channels, rot)
+
+    run_blocks([block(i, min(step, L - i)) for i in range(0, L, step)])
     return out
 
 
