@@ -9,7 +9,8 @@ Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
   of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
-  applied to cyclic shifts inside each triple instead, which Inductor fuses into one loop;
+  applied to each triple's three components with fixed slices instead, which Inductor fuses into one
+  vectorised loop;
 - eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
@@ -123,13 +124,22 @@ def _cyclic(coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def _rotate_in_triples(xt: torch.Tensor, c0: torch.Tensor, cp: torch.Tensor, cm: torch.Tensor) -> torch.Tensor:
-    """``Σ`` over the triple of ``xt (..., n, 3)`` with the weights of :func:`_cyclic` (shaped like ``xt``)."""
-    return c0 * xt + cp * xt.roll(-1, -1) + cm * xt.roll(1, -1)
+    """``Σ`` over the triple of ``xt (..., n, 3)`` with the weights of :func:`_cyclic` (shaped like ``xt``).
+
+    Written per component with fixed slices rather than cyclic shifts (``roll``): Inductor turns a roll
+    into modular indexing that it cannot vectorise, while these are plain strided loads in one loop.
+    Terms are summed in the blocked eager path's order (offsets 0, then the nearer, then the farther).
+    """
+    v0, v1, v2 = xt.unbind(-1)
+    (a0, a1, a2), (p0, p1, p2), (m0, m1, m2) = (w.unbind(-1) for w in (c0, cp, cm))
+    return torch.stack((a0 * v0 + p0 * v1 + m0 * v2,
+                        a1 * v1 + p1 * v2 + m1 * v0,
+                        a2 * v2 + m2 * v1 + p2 * v0), dim=-1)
 
 
 def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
     """Out-of-place per-channel form for tracing: each triple combines its own three components with the
-    rotation's weights (cyclic shifts inside the triple), which a compiler fuses into one loop.
+    rotation's weights (fixed slices inside the triple), which a compiler fuses into one loop.
     Differentiable in ``x`` (not in the rotation)."""
     work = _work_dtype(x)
     R = 3 * n
