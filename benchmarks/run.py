@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 from . import apply as apply_bench
+from . import curves as curves_bench
 from . import geope as geope_bench
 from . import index as index_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants")
+SUITES = ("apply", "index", "geope", "variants", "curves")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if "variants" in suites:
         res = variants_bench.run(quick=args.quick, repeat=repeat, log=log)
         _write(args.out / "variants.json", {**header, "results": res})
+    if "curves" in suites:
+        res = curves_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "curves.json", {**header, "results": res})
+        curves_bench.plot(res, args.out / "curves.png")
+        print(f"wrote {args.out / 'curves.png'}", flush=True)
     return 0
 
 
