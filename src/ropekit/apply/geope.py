@@ -27,6 +27,7 @@ from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
 from ._inputs import canonical_seq_dim, check_qk, resolve_coords
+from ._parallel import run_blocks
 
 __all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
 
@@ -193,8 +194,7 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
     merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
     L = x.shape[ldim]
     step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
-    for i in range(0, L, step):
-        m = min(step, L - i)
+    def block(i: int, m: int) -> None:
         xf = x.narrow(ldim, i, m)[..., :R].to(work)
         ob = out.narrow(ldim, i, m)[..., :R]
         cb = [c.narrow(ldim - (x.ndim - c.ndim), i, m) for c in coef]
@@ -206,6 +206,9 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
             _confine(xf, cb, tmp)
         if tmp is not ob:
             ob.copy_(tmp)
+
+    # with several torch threads the blocks run concurrently, each single-threaded (same results)
+    run_blocks([lambda i=i: block(i, min(step, L - i)) for i in range(0, L, step)])
     return out
 
 
