@@ -152,7 +152,8 @@ def apply_rotary_qk_fused(
         _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton, jobs),
         _rotate_one(k, cos, sin, channels, seq_dim, rot, use_triton, jobs),
     )
-    run_blocks(jobs)
+    if jobs:  # never under torch.compile or on accelerators: nothing there is deferred
+        run_blocks(jobs)
     return out
 
 
