@@ -118,24 +118,22 @@ def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.devi
     return c.to(device=device, dtype=work).contiguous()
 
 
-def _cyclic(coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The five per-channel weights folded into three that stay inside each triple: output component c
-    reads components c, c+1 and c−1 (mod 3) of its own triple, so nothing crosses a triple boundary."""
-    return coeffs[0], coeffs[1] + coeffs[4], coeffs[2] + coeffs[3]
+def _rotate_in_triples(xt: torch.Tensor, coef: "list[torch.Tensor]") -> torch.Tensor:
+    """Rotate ``xt (..., n, 3)`` inside each triple with the five per-channel weights of
+    :func:`ropekit.rotations.geope.channel_coefficients` (each shaped like ``xt``).
 
-
-def _rotate_in_triples(xt: torch.Tensor, c0: torch.Tensor, cp: torch.Tensor, cm: torch.Tensor) -> torch.Tensor:
-    """``Σ`` over the triple of ``xt (..., n, 3)`` with the weights of :func:`_cyclic` (shaped like ``xt``).
-
-    Written per component with fixed slices rather than cyclic shifts (``roll``): Inductor turns a roll
-    into modular indexing that it cannot vectorise, while these are plain strided loads in one loop.
-    Terms are summed in the blocked eager path's order (offsets 0, then the nearer, then the farther).
+    Each output component reads only its own triple's three components, each with the one weight that
+    is not structurally zero (offset +1 for components 0 and 1, +2 for component 0, −1 for 1 and 2, −2
+    for 2), so a NaN/inf never meets a zero weight from another triple. Written with fixed slices rather
+    than cyclic shifts (``roll``): Inductor turns a roll into modular indexing that it cannot vectorise,
+    while these are plain strided loads in one loop, and no weight is combined with another first.
+    Terms are summed in the blocked eager path's order (offset 0, then the nearer, then the farther).
     """
     v0, v1, v2 = xt.unbind(-1)
-    (a0, a1, a2), (p0, p1, p2), (m0, m1, m2) = (w.unbind(-1) for w in (c0, cp, cm))
-    return torch.stack((a0 * v0 + p0 * v1 + m0 * v2,
-                        a1 * v1 + p1 * v2 + m1 * v0,
-                        a2 * v2 + m2 * v1 + p2 * v0), dim=-1)
+    w0, wp1, wm1, wp2, wm2 = (w.unbind(-1) for w in coef)
+    return torch.stack((w0[0] * v0 + wp1[0] * v1 + wp2[0] * v2,
+                        w0[1] * v1 + wp1[1] * v2 + wm1[1] * v0,
+                        w0[2] * v2 + wm1[2] * v1 + wm2[2] * v0), dim=-1)
 
 
 def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
@@ -145,8 +143,8 @@ def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_
     work = _work_dtype(x)
     R = 3 * n
     xt = x[..., :R].to(work).unflatten(-1, (n, 3))
-    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in _cyclic(coeffs.to(work))]
-    out = _rotate_in_triples(xt, *w).flatten(-2).to(x.dtype)
+    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in coeffs.to(work)]
+    out = _rotate_in_triples(xt, w).flatten(-2).to(x.dtype)
     if R == x.shape[-1]:
         return out
     return torch.cat((out, x[..., R:]), dim=-1)
@@ -171,9 +169,8 @@ def _confine(xf: torch.Tensor, coef: list[torch.Tensor], ob: torch.Tensor) -> No
     """Redo a block whose result is not finite triple by triple, so a NaN/inf input channel reaches only
     its own triple (the shifted views multiply it by the zero weights of neighbouring triples: 0 · inf = NaN)."""
     shape = ob.shape
-    cyc = _cyclic(torch.stack([c.expand(shape) for c in coef]))
     xt = xf.reshape(*shape[:-1], -1, 3)
-    ob.copy_(_rotate_in_triples(xt, *(c.reshape(xt.shape) for c in cyc)).reshape(shape))
+    ob.copy_(_rotate_in_triples(xt, [c.expand(shape).reshape(xt.shape) for c in coef]).reshape(shape))
 
 
 def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
