@@ -88,8 +88,22 @@ def geope_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def curves_table(data: dict) -> str:
+    """Per sweep and case: fitted log-log slope, and the median time at the smallest and largest size."""
+    rows = ["| sweep | case | slope (fit from) | smallest size | largest size |", "|---|---|---|---|---|"]
+    for sweep, res in data["results"].items():
+        first, last = res["points"][0], res["points"][-1]
+        for case, slope in res["slopes"].items():
+            s = "–" if slope is None else f"{slope:.2f}"
+            rows.append(f"| {sweep} | {case} | {s} (≥ {res['fit_from']}) | "
+                        f"{first['size']}: {first['cases'][case]['median_s'] * 1e3:.1f} ms | "
+                        f"{last['size']}: {last['cases'][case]['median_s'] * 1e3:.1f} ms |")
+    return "\n".join(rows)
+
+
 def main() -> int:
-    for name, render in (("apply", apply_table), ("index", index_table), ("geope", geope_table)):
+    for name, render in (("apply", apply_table), ("index", index_table), ("geope", geope_table),
+                         ("curves", curves_table)):
         path = RESULTS / f"{name}.json"
         if not path.exists():
             continue

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import apply as apply_bench
+from . import curves as curves_bench
 from . import experiments as experiments_bench
 from . import geope as geope_bench
 from . import index as index_bench
@@ -20,7 +21,7 @@ from . import learned as learned_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants", "learned", "experiments")
+SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     if "experiments" in suites:
         res = experiments_bench.run(quick=args.quick, repeat=repeat, log=log)
         _write(args.out / "experiments.json", {**header, "results": res})
+    if "curves" in suites:
+        res = curves_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "curves.json", {**header, "results": res})
+        curves_bench.plot(res, args.out / "curves.png")
+        print(f"wrote {args.out / 'curves.png'}", flush=True)
     return 0
 
 

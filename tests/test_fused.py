@@ -77,6 +77,44 @@ def test_blocked_eager_path_equals_eager(monkeypatch, channels, seq_dim, cos_dim
     assert all(torch.equal(o, r) for o, r in zip(out, ref))
 
 
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels,seq_dim,cos_dims,rot", [("half", -2, 2, 12), ("interleaved", 1, 3, 8)])
+def test_threaded_blocks_equal_eager_bit_for_bit(monkeypatch, two_threads, dtype, channels, seq_dim, cos_dims, rot):
+    # with 2 torch threads the blocks run on the worker pool: 13 positions in blocks of 2 is 7 blocks, an odd
+    # count with a ragged last one, so both workers take blocks and the last block is short
+    from ropekit.apply import _parallel
+
+    ran_on = set()
+    real = fused._rotate_block
+    monkeypatch.setattr(fused, "_rotate_block", lambda *a: (ran_on.add(_parallel.threading.current_thread().name),
+                                                            real(*a))[1])
+    monkeypatch.setattr(fused, "_BLOCK_ELEMS", 2 * 2 * 3 * 12)  # 2 positions per block (B=2, H=3, D=12)
+    q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, Hk=3, L=13, rot=rot, cos_dims=cos_dims, seed=3)
+    ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    assert all(torch.equal(o, r) for o, r in zip(out, ref))
+    assert ran_on and all(name.startswith("ropekit-blocks") for name in ran_on)
+    assert torch.get_num_threads() == 2  # building the worker pool left the caller's thread count alone
+
+
+def test_threaded_blocks_propagate_worker_errors(two_threads):
+    from ropekit.apply._parallel import run_blocks
+
+    def boom():
+        raise RuntimeError("block failed")
+
+    with pytest.raises(RuntimeError, match="block failed"):
+        run_blocks([lambda: None, boom, lambda: None])
+
+
 @pytest.mark.parametrize("cos_dims", [3, 4])
 def test_batched_and_per_head_cos_sin(cos_dims):
     q, k, cos, sin = _inputs(torch.bfloat16, Hk=3, cos_dims=cos_dims)

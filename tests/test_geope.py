@@ -305,3 +305,27 @@ def test_bad_input_raises_clear_errors():
         apply_geope(torch.zeros(1, 1, 2, 6), torch.zeros(2, 2, 3))
     with pytest.raises(TypeError, match="floating-point"):
         apply_geope(torch.zeros(1, 1, 2, 6, dtype=torch.long), geope_rotation(torch.zeros(2, 2), 6))
+
+
+def test_blocked_eager_path_threaded_equals_serial(monkeypatch):
+    """With 2 torch threads the blocks run on worker threads: the same bits as one thread, for 7 blocks
+    (an odd count, ragged last one), and a NaN in one token still reaches only its own triple."""
+    import ropekit.apply.geope as geo
+
+    monkeypatch.setattr(geo, "_BLOCK_ELEMS", 2 * 3 * 2 * 12)  # 2 tokens per block: L = 13 is 7 blocks
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 13, 12, generator=g).bfloat16()
+    x[1, 2, 6, 4] = float("nan")  # token 6, triple 1 (channels 3..5)
+    rot = geope_rotation(torch.randn(13, 2, generator=g) * 4, 12)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = apply_geope(x, rot)
+        torch.set_num_threads(2)
+        threaded = apply_geope(x, rot)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(threaded.isnan(), serial.isnan())
+    assert torch.equal(threaded.nan_to_num(), serial.nan_to_num())
+    bad = threaded.isnan().nonzero().tolist()
+    assert bad and all((b, h, l) == (1, 2, 6) and 3 <= c < 6 for b, h, l, c in bad)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_rope
+from ._parallel import run_blocks
 from .planar import _broadcast, _validate
 
 __all__ = ["apply_rotary_fused", "apply_rotary_qk_fused", "rotate_functional"]
@@ -72,13 +73,17 @@ def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.
 
 
 def _rotate_eager(
-    x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int, seq_dim: int
+    x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int, seq_dim: int,
+    jobs: list | None = None,
 ) -> torch.Tensor:
     """Eager rotation in cache-sized blocks along the sequence, written straight into the output.
 
     The reference makes about ten full passes over float32 temporaries; here each block's temporaries
-    stay in cache, so memory sees roughly one read of x and one write of the output. The operations
-    and their order are the reference's, so results are identical bit for bit.
+    stay in cache, so memory sees roughly one read of x and one write of the output. With several torch
+    threads the blocks run concurrently (:func:`._parallel.run_blocks`), each block single-threaded. The
+    operations and their order are the reference's, so results are identical bit for bit. With ``jobs``
+    the blocks are appended there for the caller to run (q's and k's blocks in one pool pass) and
+    ``out`` is only complete after that.
     """
     work = _work_dtype(x)
     c = c.to(work)
@@ -94,22 +99,27 @@ def _rotate_eager(
     if x.device.type != "cpu" or step >= L:
         _rotate_block(x, c, s, out, channels, rot)
         return out
-    for i in range(0, L, step):
-        n = min(step, L - i)
-        _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
-                      out.narrow(ldim, i, n), channels, rot)
+    def block(i: int, n: int):
+        return lambda: _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
+                                     out.narrow(ldim, i, n), channels, rot)
+
+    blocks = [block(i, min(step, L - i)) for i in range(0, L, step)]
+    if jobs is None:
+        run_blocks(blocks)
+    else:
+        jobs.extend(blocks)
     return out
 
 
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
-                use_triton: bool) -> torch.Tensor:
+                use_triton: bool, jobs: list | None = None) -> torch.Tensor:
     if use_triton:
         return triton_rope.apply_rotary_triton(x, cos, sin, channels=channels, seq_dim=seq_dim)
     c = _broadcast(cos, x, seq_dim)
     s = _broadcast(sin, x, seq_dim)
     if torch.compiler.is_compiling():
         return rotate_functional(x, c, s, channels, rot)
-    return _rotate_eager(x, c, s, channels, rot, seq_dim)
+    return _rotate_eager(x, c, s, channels, rot, seq_dim, jobs)
 
 
 def _triton_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> bool:
@@ -137,10 +147,14 @@ def apply_rotary_qk_fused(
     if _validate(k, cos, sin, channels, seq_dim, "k")[1] != seq_dim:
         raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
     use_triton = _triton_ok(q, k, cos, sin, seq_dim)
-    return (
-        _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton),
-        _rotate_one(k, cos, sin, channels, seq_dim, rot, use_triton),
+    jobs: list = []  # eager CPU blocks of q and k, run together on the worker threads
+    out = (
+        _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton, jobs),
+        _rotate_one(k, cos, sin, channels, seq_dim, rot, use_triton, jobs),
     )
+    if jobs:  # never under torch.compile or on accelerators: nothing there is deferred
+        run_blocks(jobs)
+    return out
 
 
 def apply_rotary_fused(

@@ -9,7 +9,8 @@ Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
   of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
-  applied to cyclic shifts inside each triple instead, which Inductor fuses into one loop;
+  applied to each triple's three components with fixed slices instead, which Inductor fuses into one
+  vectorised loop;
 - eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
@@ -26,6 +27,7 @@ from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
 from ._inputs import canonical_seq_dim, check_qk, resolve_coords
+from ._parallel import run_blocks
 
 __all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
 
@@ -116,26 +118,33 @@ def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.devi
     return c.to(device=device, dtype=work).contiguous()
 
 
-def _cyclic(coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The five per-channel weights folded into three that stay inside each triple: output component c
-    reads components c, c+1 and c−1 (mod 3) of its own triple, so nothing crosses a triple boundary."""
-    return coeffs[0], coeffs[1] + coeffs[4], coeffs[2] + coeffs[3]
+def _rotate_in_triples(xt: torch.Tensor, coef: "list[torch.Tensor]") -> torch.Tensor:
+    """Rotate ``xt (..., n, 3)`` inside each triple with the five per-channel weights of
+    :func:`ropekit.rotations.geope.channel_coefficients` (each shaped like ``xt``).
 
-
-def _rotate_in_triples(xt: torch.Tensor, c0: torch.Tensor, cp: torch.Tensor, cm: torch.Tensor) -> torch.Tensor:
-    """``Σ`` over the triple of ``xt (..., n, 3)`` with the weights of :func:`_cyclic` (shaped like ``xt``)."""
-    return c0 * xt + cp * xt.roll(-1, -1) + cm * xt.roll(1, -1)
+    Each output component reads only its own triple's three components, each with the one weight that
+    is not structurally zero (offset +1 for components 0 and 1, +2 for component 0, −1 for 1 and 2, −2
+    for 2), so a NaN/inf never meets a zero weight from another triple. Written with fixed slices rather
+    than cyclic shifts (``roll``): Inductor turns a roll into modular indexing that it cannot vectorise,
+    while these are plain strided loads in one loop, and no weight is combined with another first.
+    Terms are summed in the blocked eager path's order (offset 0, then the nearer, then the farther).
+    """
+    v0, v1, v2 = xt.unbind(-1)
+    w0, wp1, wm1, wp2, wm2 = (w.unbind(-1) for w in coef)
+    return torch.stack((w0[0] * v0 + wp1[0] * v1 + wp2[0] * v2,
+                        w0[1] * v1 + wp1[1] * v2 + wm1[1] * v0,
+                        w0[2] * v2 + wm1[2] * v1 + wm2[2] * v0), dim=-1)
 
 
 def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
     """Out-of-place per-channel form for tracing: each triple combines its own three components with the
-    rotation's weights (cyclic shifts inside the triple), which a compiler fuses into one loop.
+    rotation's weights (fixed slices inside the triple), which a compiler fuses into one loop.
     Differentiable in ``x`` (not in the rotation)."""
     work = _work_dtype(x)
     R = 3 * n
     xt = x[..., :R].to(work).unflatten(-1, (n, 3))
-    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in _cyclic(coeffs.to(work))]
-    out = _rotate_in_triples(xt, *w).flatten(-2).to(x.dtype)
+    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in coeffs.to(work)]
+    out = _rotate_in_triples(xt, w).flatten(-2).to(x.dtype)
     if R == x.shape[-1]:
         return out
     return torch.cat((out, x[..., R:]), dim=-1)
@@ -160,9 +169,8 @@ def _confine(xf: torch.Tensor, coef: list[torch.Tensor], ob: torch.Tensor) -> No
     """Redo a block whose result is not finite triple by triple, so a NaN/inf input channel reaches only
     its own triple (the shifted views multiply it by the zero weights of neighbouring triples: 0 · inf = NaN)."""
     shape = ob.shape
-    cyc = _cyclic(torch.stack([c.expand(shape) for c in coef]))
     xt = xf.reshape(*shape[:-1], -1, 3)
-    ob.copy_(_rotate_in_triples(xt, *(c.reshape(xt.shape) for c in cyc)).reshape(shape))
+    ob.copy_(_rotate_in_triples(xt, [c.expand(shape).reshape(xt.shape) for c in coef]).reshape(shape))
 
 
 def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
@@ -183,8 +191,7 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
     merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
     L = x.shape[ldim]
     step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
-    for i in range(0, L, step):
-        m = min(step, L - i)
+    def block(i: int, m: int) -> None:
         xf = x.narrow(ldim, i, m)[..., :R].to(work)
         ob = out.narrow(ldim, i, m)[..., :R]
         cb = [c.narrow(ldim - (x.ndim - c.ndim), i, m) for c in coef]
@@ -196,6 +203,9 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
             _confine(xf, cb, tmp)
         if tmp is not ob:
             ob.copy_(tmp)
+
+    # with several torch threads the blocks run concurrently, each single-threaded (same results)
+    run_blocks([lambda i=i: block(i, min(step, L - i)) for i in range(0, L, step)])
     return out
 
 
