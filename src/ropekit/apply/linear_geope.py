@@ -18,6 +18,10 @@ pair. Only the two trigonometric values and one broadcast product per (pair, tri
 Keys are taken in chunks of a few thousand pairs, so the temporaries stay near cache size, and never
 reach the ``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each query block is checkpointed when
 gradients are on, so the backward pass also holds one block at a time.
+
+Large calls take a faster route by default: the same Rodrigues expression compiled into one loop per
+(query, key) pair (:mod:`ropekit.apply._linear_geope_fused`), which keeps nothing of size pair × triple
+and recomputes in backward. The eager path above remains for small calls and where compiling fails.
 """
 from __future__ import annotations
 
