@@ -13,9 +13,11 @@ D divisible by 3 rotates every channel; planar RoPE uses the same D), 2-D positi
 - ``geope_compiled``: ``torch.compile(apply_geope_qk, fullgraph=True, dynamic=True)``.
 
 Linear GeoPE: ``linear_geope_attention`` against ``scaled_dot_product_attention`` after axial RoPE on
-q/k, one head of dim 96 (and 4 heads at L = 1024); each case runs in a fresh process that reports its
-time and the peak extra resident memory of the first call (Linux: the high-water mark ``VmHWM`` reset
-just before the call, minus the resident size then).
+q/k, one head of dim 96 (and 4 heads at L = 1024), forward and forward + backward; each case runs in a
+fresh process: one warm-up call of each (Linear GeoPE compiles its fused kernel there, ``first_s``), then
+interleaved calls, reporting median times, the median per-pair ratio and the peak extra resident memory
+of the first measured call (Linux: the high-water mark ``VmHWM`` reset just before the call, minus the
+resident size then).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ SHAPES = [(1, 16, 4096, 96), (8, 32, 2048, 96)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GRIDS = {4096: (64, 64), 2048: (32, 64), 1024: (32, 32)}
 BASE = 100.0  # rope-vit's axial base; GeoPE's λ is 100 too
-LINEAR_CASES = [(32, 1), (32, 4), (64, 1)]  # (grid side, heads); --quick keeps the first
+LINEAR_CASES = [(32, 1, False), (32, 4, False), (64, 1, False), (32, 1, True), (64, 1, True)]  # (side, heads, backward)
 
 
 def grid_positions(h: int, w: int) -> torch.Tensor:
@@ -120,38 +122,48 @@ from ropekit.apply.fused import apply_rotary_qk_fused
 from ropekit.apply.linear_geope import linear_geope_attention
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
-side, H, D, mode = cfg["side"], cfg["heads"], cfg["head_dim"], cfg["mode"]
+side, H, D, grad = cfg["side"], cfg["heads"], cfg["head_dim"], cfg["grad"]
 def inputs(side):
     L = side * side
     ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
     pos = torch.stack((ys.flatten(), xs.flatten()), -1).float()
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, H, L, D, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, H, L, D, generator=g).requires_grad_(grad) for _ in range(3))
     cos, sin = cos_sin(angles(pos, frequency_matrix("axial", D, 2, base=100.0)))
     return q, k, v, pos, cos, sin
-def run(q, k, v, pos, cos, sin):
-    if mode == "linear_geope":
-        return linear_geope_attention(q, k, v, pos, block_size=cfg["block"])
-    rq, rk = apply_rotary_qk_fused(q, k, cos, sin)
-    return F.scaled_dot_product_attention(rq, rk, v)
-with torch.no_grad():
-    run(*inputs(4))  # load the kernels' code pages before measuring
+def run(mode, q, k, v, pos, cos, sin):
+    with torch.set_grad_enabled(grad):
+        if mode == "linear_geope":
+            out = linear_geope_attention(q, k, v, pos, block_size=cfg["block"])
+        else:
+            rq, rk = apply_rotary_qk_fused(q, k, cos, sin)
+            out = F.scaled_dot_product_attention(rq, rk, v)
+        if grad:
+            torch.autograd.grad(out.sum(), (q, k, v))
 args = inputs(side)
 def status(key):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) / 1024.0 for l in f if l.startswith(key))
-times = []
-with torch.no_grad():
-    base = status("VmRSS")
-    open("/proc/self/clear_refs", "w").write("5")  # reset the resident high-water mark (Linux)
-    for i in range(cfg["calls"]):
+modes = ("sdpa_rope", "linear_geope")
+res = {m: {"times": []} for m in modes}
+for m in modes:  # warm-up at the measured shapes: loads code pages and compiles Linear GeoPE's kernel
+    t0 = time.perf_counter()
+    run(m, *args)
+    res[m]["first_s"] = time.perf_counter() - t0
+for i in range(cfg["calls"]):  # interleaved, so load from other jobs hits both modes alike
+    for m in modes:
+        base = status("VmRSS")
+        open("/proc/self/clear_refs", "w").write("5")  # reset the resident high-water mark (Linux)
         t0 = time.perf_counter()
-        run(*args)
-        times.append(time.perf_counter() - t0)
+        run(m, *args)
+        res[m]["times"].append(time.perf_counter() - t0)
         if i == 0:
-            peak = status("VmHWM")
-print(json.dumps({"baseline_mib": round(base, 1), "peak_extra_mib": round(peak - base, 1),
-                  "first_s": times[0], "median_s": statistics.median(times[1:] or times), "calls": len(times)}))
+            res[m]["baseline_mib"], res[m]["peak_extra_mib"] = round(base, 1), round(status("VmHWM") - base, 1)
+for m in modes:
+    res[m]["median_s"] = statistics.median(res[m]["times"])
+    res[m]["calls"] = cfg["calls"]
+pairs = [a / b for a, b in zip(res["linear_geope"]["times"], res["sdpa_rope"]["times"])]
+print(json.dumps({**res, "pair_ratios": pairs, "time_ratio": statistics.median(pairs)}))
 """
 
 
@@ -160,24 +172,20 @@ def _child(cfg: dict) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": str(cfg["threads"])}
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        return {**cfg, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        err = {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {**cfg, "sdpa_rope": err, "linear_geope": err}
     return {**cfg, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def bench_linear(side: int, heads: int, *, repeat: int, block: int = 128, log=print) -> dict:
-    """Linear GeoPE attention vs SDPA after axial RoPE: seconds and peak extra memory (fresh processes)."""
-    threads = torch.get_num_threads()
-    L = side * side
-    long = L >= 4096  # tens of seconds per call: time one call only (two elsewhere: first and second)
-    out = {"side": side, "L": L, "heads": heads, "head_dim": 96, "block": block, "threads": threads}
-    for mode in ("sdpa_rope", "linear_geope"):
-        calls = (1 if long else 2) if mode == "linear_geope" else repeat + 1
-        out[mode] = _child({"mode": mode, "side": side, "heads": heads, "head_dim": 96, "block": block,
-                            "threads": threads, "calls": calls})
-    a, b = out["linear_geope"], out["sdpa_rope"]
-    if "error" not in a and "error" not in b:
-        out["time_ratio"] = a["median_s"] / b["median_s"]
-    return out
+def bench_linear(side: int, heads: int, *, grad: bool = False, calls: int = 3, block: int = 128, threads=None) -> dict:
+    """Linear GeoPE attention vs SDPA after axial RoPE in one fresh process: after a warm-up call of each
+    (Linear GeoPE compiles its kernel there), ``calls`` interleaved calls; the time ratio is the median of
+    the per-pair ratios, the peak extra memory that of the first measured call. ``grad``: forward and
+    backward (gradients of q, k, v)."""
+    threads = torch.get_num_threads() if threads is None else threads
+    cfg = {"side": side, "L": side * side, "heads": heads, "head_dim": 96, "block": block, "threads": threads,
+           "grad": grad, "calls": calls}
+    return _child(cfg)
 
 
 def run(*, quick: bool = False, repeat: int = 3, compile_: bool = True, log=print) -> dict:
@@ -198,11 +206,11 @@ def run(*, quick: bool = False, repeat: int = 3, compile_: bool = True, log=prin
             res["build"].append(bench_build(shape[2], shape[3], repeat=repeat))
             log(f"geope build L={shape[2]}: " + ", ".join(
                 f"{n} {c['median_s'] * 1e3:.2f} ms" for n, c in res["build"][-1]["cases"].items()))
-        for side, heads in LINEAR_CASES[:1] if quick else LINEAR_CASES:
-            r = bench_linear(side, heads, repeat=repeat, log=log)
-            log(f"linear geope L={r['L']} H={heads}: " + ", ".join(
+        for side, heads, grad in LINEAR_CASES[:1] if quick else LINEAR_CASES:
+            r = bench_linear(side, heads, grad=grad, calls=repeat)
+            log(f"linear geope L={r['L']} H={heads}{' fwd+bwd' if grad else ''}: " + ", ".join(
                 f"{m} {r[m].get('median_s', float('nan')):.3f} s / {r[m].get('peak_extra_mib', float('nan'))} MiB"
-                for m in ("sdpa_rope", "linear_geope")))
+                for m in ("sdpa_rope", "linear_geope")) + f", ratio {r.get('time_ratio', float('nan')):.1f}")
             res["linear"].append(r)
     return res
 

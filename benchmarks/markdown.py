@@ -82,8 +82,9 @@ def geope_table(data: dict) -> str:
         if "error" in a or "error" in b:
             rows.append(f"| {r['L']} | {r['heads']} | {a.get('error', '')} | {b.get('error', '')} | – | – |")
             continue
-        rows.append(f"| {r['L']} ({r['side']}×{r['side']}) | {r['heads']} | {a['median_s'] * 1e3:.1f} ms | "
-                    f"{b['median_s']:.2f} s{' (1 call)' if b['calls'] == 1 else ''} | ×{r['time_ratio']:.0f} | "
+        rows.append(f"| {r['L']} ({r['side']}×{r['side']}) | {r['heads']}{' fwd+bwd' if r.get('grad') else ''} | "
+                    f"{a['median_s'] * 1e3:.1f} ms | "
+                    f"{b['median_s']:.2f} s{' (1 call)' if b['calls'] == 1 else ''} | ×{r['time_ratio']:.1f} | "
                     f"{a['peak_extra_mib']:.0f} / {b['peak_extra_mib']:.0f} MiB |")
     return "\n".join(rows)
 

@@ -192,3 +192,68 @@ def test_triple_chunk_must_be_positive():
     q, k, _ = _qkv(4, 9, seed=12, B=1, H=1)
     with pytest.raises(ValueError, match="triple_chunk"):
         linear_geope_scores(q, k, _grid(2, 2), _grid(2, 2), geope_frequencies(9), triple_chunk=0)
+
+
+def _eager_fused_kernels(monkeypatch):
+    """Run the fused kernels' expressions without compiling them (same maths, small inputs only)."""
+    import ropekit.apply._linear_geope_fused as fz
+
+    monkeypatch.setattr(fz, "_kernels", lambda compiled: (fz.rotated_scores, fz.rotated_query_grad))
+
+
+@pytest.mark.parametrize("sizes", [(3, 4), (2, 2, 3)])
+def test_fused_kernel_maths_matches_the_reference(monkeypatch, sizes):
+    """The fused path's formulas (2-D, with the zero axis component dropped, and 3-D), values and gradients."""
+    _eager_fused_kernels(monkeypatch)
+    pos = _grid(*sizes) * 0.75 - 1.0
+    pos[1] = pos[-1]  # a coincident pair: zero displacement, only q·k remains
+    L = pos.shape[0]
+    q, k, v = (t.double().requires_grad_() for t in _qkv(L, 14, seed=20 + len(sizes), B=1))
+    out = linear_geope_attention(q, k, v, pos, block_size=5, fused=True)
+    ref = reference_attention(q, k, v, pos, pos)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+    # float32 takes the polynomial sine; batched positions and cross-attention keys at other positions
+    pq = torch.stack((pos, pos.flip(0) * 2.0))
+    q32, k32, v32 = (t.detach().float().repeat(2, 1, 1, 1) for t in (q, k, v))
+    out32 = linear_geope_attention(q32, k32[:, :, :4], v32[:, :, :4], pq, pq[:, 3:7], fused=True)
+    ref32 = torch.cat([reference_attention(q32[b:b + 1], k32[b:b + 1, :, :4], v32[b:b + 1, :, :4], pq[b], pq[b, 3:7])
+                       for b in range(2)])
+    torch.testing.assert_close(out32.double(), ref32, atol=2e-5, rtol=1e-5)
+
+
+def test_fused_sine_polynomial_is_float32_accurate():
+    from ropekit.apply._linear_geope_fused import _sin_vers
+
+    A = torch.linspace(0.0, 300.0, 200001).double()  # float32 angles, so the reference sees the same inputs
+    s, v = _sin_vers(A.float()[:, None], torch.ones(1))
+    torch.testing.assert_close(s[:, 0].double(), torch.sin(A), atol=2e-6, rtol=0)
+    torch.testing.assert_close(v[:, 0].double(), 1 - torch.cos(A), atol=2e-6, rtol=0)
+    small = torch.tensor([0.0, 1e-6, 1e-3], dtype=torch.float64)  # vers A ≈ A²/2 keeps its relative precision
+    _, v_small = _sin_vers(small.float()[:, None], torch.ones(1))
+    torch.testing.assert_close(v_small[:, 0].double(), 2 * torch.sin(small / 2) ** 2, atol=0, rtol=1e-5)
+
+
+def test_compiled_kernel_matches_the_reference():
+    """The compiled kernel (what large calls use by default), float32, forward and gradients."""
+    pos = _grid(3, 4)
+    q, k, v = (t.requires_grad_() for t in _qkv(12, 12, seed=30, B=1, H=1))
+    out = linear_geope_attention(q, k, v, pos, fused=True)  # one block: one shape, two compilations
+    ref = reference_attention(q, k, v, pos, pos)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-5)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * w.double()).sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b.double(), atol=5e-5, rtol=1e-4)
+
+
+def test_fused_must_be_a_bool_or_none():
+    pos = _grid(2, 2)
+    q, k, v = _qkv(4, 6, seed=31)
+    with pytest.raises(TypeError, match="fused"):
+        linear_geope_attention(q, k, v, pos, fused="yes")

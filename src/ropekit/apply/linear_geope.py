@@ -18,15 +18,21 @@ pair. Only the two trigonometric values and one broadcast product per (pair, tri
 Keys are taken in chunks of a few thousand pairs, so the temporaries stay near cache size, and never
 reach the ``(Lq, Lk, n, 3, 3)`` matrices the paper materialises. Each query block is checkpointed when
 gradients are on, so the backward pass also holds one block at a time.
+
+Large calls take a faster route by default: the same Rodrigues expression compiled into one loop per
+(query, key) pair (:mod:`ropekit.apply._linear_geope_fused`), which keeps nothing of size pair × triple
+and recomputes in backward. The eager path above remains for small calls and where compiling fails.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..rotations.geope import geope_frequencies, lie_embedding
+from ._linear_geope_fused import fused_rotated_scores
 from ._inputs import canonical_seq_dim
 
 __all__ = ["linear_geope_scores", "linear_geope_attention"]
@@ -55,6 +61,7 @@ def linear_geope_scores(
     freqs: torch.Tensor,
     *,
     triple_chunk: int = 32,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Unscaled Linear GeoPE scores ``⟨q_m, R(φ(n) − φ(m)) k_n⟩`` of every pair, ``(B, H, Lq, Lk)``.
 
@@ -66,7 +73,14 @@ def linear_geope_scores(
     time and triples ``triple_chunk`` at a time, so apart from the ``(B, H, Lq, Lk)`` result the temporaries
     stay small; call it on query blocks (as :func:`linear_geope_attention` does) for long sequences. Positions are treated as constants (no
     gradient). Computed in float32 (float64 if q is float64).
+
+    ``fused``: True runs the compiled kernel of :mod:`ropekit.apply._linear_geope_fused` (each pair in one
+    pass over the triples, nothing of size pair × triple stored; the first call per process compiles it,
+    which takes seconds), False the eager chunked path above, None (default) the compiled kernel for
+    calls of at least ``2**21`` (pair, triple) products when ``torch.compile`` works here, else eager.
     """
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"`fused` must be True, False or None (automatic), got {fused!r}")
     if isinstance(triple_chunk, bool) or not isinstance(triple_chunk, int) or triple_chunk < 1:
         raise ValueError(f"`triple_chunk` must be a positive int, got {triple_chunk!r}")
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -82,6 +96,15 @@ def linear_geope_scores(
     scores = qw @ kw.transpose(-1, -2)
     if n == 0:
         return scores
+    if _use_fused(fused, q.device, B * H * Lq * Lk * n):
+        try:
+            return scores + _fused_part(qw, kw, pq, pk, freqs.to(work))
+        except Exception as err:  # noqa: BLE001 - no compiler here: fall back to the eager path, once
+            if fused:
+                raise
+            _FUSED_FAILED.add(q.device.type)
+            warnings.warn(f"Linear GeoPE: the compiled kernel failed ({type(err).__name__}: {err}); "
+                          "using the slower eager path from now on", RuntimeWarning, stacklevel=2)
     # E is linear, so E(p_n) − E(p_m) is each pair's displacement vector (exactly 0 where p_n = p_m)
     eq = lie_embedding(pq)[:, None, :, :, None]  # (Pb, 1, Lq, 3, 1)
     ek = lie_embedding(pk).transpose(-1, -2)[:, None, None]  # (Pb, 1, 1, 3, Lk)
@@ -99,6 +122,25 @@ def linear_geope_scores(
         e = min(s + kc, Lk)
         parts.append(_rotated_part(qT, kT[..., s:e].contiguous(), ek[..., s:e] - eq, w2, triple_chunk, scratch))
     return scores + torch.cat(parts, dim=-1)
+
+
+_FUSED_MIN_WORK = 2**21  # (pair, triple) products from which the compiled kernel is the default
+_FUSED_FAILED: set = set()  # device types where compiling it failed (then eager is the default)
+
+
+def _use_fused(fused: bool | None, device: torch.device, work: int) -> bool:
+    if fused is not None:
+        return fused
+    return work >= _FUSED_MIN_WORK and device.type not in _FUSED_FAILED and not torch.compiler.is_compiling()
+
+
+def _fused_part(qw, kw, pq, pk, w):
+    """The rotated part of every pair's score by the compiled kernel (triples channel-major)."""
+    n = w.numel()
+    qT = qw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2)  # (B, H, Lq, 3, n)
+    kT = kw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2)
+    planar = pq.shape[-1] < 3  # 1-D/2-D embeddings (0, ·, ·): the kernel drops the zero component
+    return fused_rotated_scores(qT, kT, lie_embedding(pq)[:, None], lie_embedding(pk)[:, None], w, planar=planar)
 
 
 _PAIRS = 8192  # (batch · head · query, key) pairs per chunk in :func:`linear_geope_scores`
@@ -193,8 +235,8 @@ def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
     return sin_part + 2.0 * vers_part
 
 
-def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from):
-    s = linear_geope_scores(q, k, pos_q, pos_k, freqs) * scale
+def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from, fused):
+    s = linear_geope_scores(q, k, pos_q, pos_k, freqs, fused=fused) * scale
     if not torch.compiler.is_compiling() and not bool(torch.isfinite(s.sum())):
         raise ValueError(
             "the attention scores q·R·k · scale are not finite: q or k hold NaN/inf, or `scale` "
@@ -244,6 +286,7 @@ def linear_geope_attention(
     freqs: torch.Tensor | None = None,
     seq_dim: int = -2,
     use_checkpoint: bool = True,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """``softmax(S · scale) v`` with Linear GeoPE scores S (GeoPE §3.4, eq. 7), in query blocks.
 
@@ -255,7 +298,8 @@ def linear_geope_attention(
     combined with a mask). ``scale`` (finite, > 0) defaults to ``1/√D``. Empty sequences give an empty
     (Lq = 0) or zero (Lk = 0) output, as ``scaled_dot_product_attention`` does. Rows with every key masked give NaN, as in the
     reference attention. Peak extra memory is ``O(B·H·block_size·Lk·D/3)``, also in backward
-    (``use_checkpoint``). Maths in float32; the output has q's dtype.
+    (``use_checkpoint``). Maths in float32; the output has q's dtype. ``fused`` picks the score kernel
+    (compiled / eager / automatic, see :func:`linear_geope_scores`).
     """
     seq_dim = canonical_seq_dim(seq_dim, q.ndim if isinstance(q, torch.Tensor) else 4)
     if seq_dim == 1:
@@ -311,7 +355,7 @@ def linear_geope_attention(
     for s in range(0, Lq, block_size):
         e = min(s + block_size, Lq)
         m = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., s:e, :])
-        args = (q[:, :, s:e], k, vw, pq[:, s:e], pk, freqs, m, scale, s if is_causal else None)
+        args = (q[:, :, s:e], k, vw, pq[:, s:e], pk, freqs, m, scale, s if is_causal else None, fused)
         if grad and use_checkpoint:
             outs.append(checkpoint(_block, *args, use_reentrant=False))
         else:
