@@ -367,7 +367,7 @@ EXACT = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)  # intervals whose products with frame n
 
 
 def brute_force(layout, design, continuation="max", order="reference"):
-    """float64 token-by-token placement written from SPEC §3, one design at a time."""
+    """float64 token-by-token placement written from docs/conventions.md ("Position designs"), one design at a time."""
     axes = {"vanilla": 1, "shared": 1, "mrope": 3, "compact": 3, "vrope": 4, "rope2d": 2}[design]
     out, p = [], [0.0] * axes  # running start, per axis
     for seg in layout:
@@ -390,7 +390,7 @@ def brute_force(layout, design, continuation="max", order="reference"):
                     elif design == "rope2d":
                         P = s + f * max(h, w)
                         block.append([P + i, P + j])
-                    else:  # vrope, SPEC order u+, v-, v+, u-; the paper's eq. 8 order is u+, u-, v+, v-
+                    else:  # vrope, the released code's (default) order u+, v-, v+, u-; the paper's eq. 8 order is u+, u-, v+, v-
                         P = s + f * (h + w - 1)
                         up, vm, vp, um = P + i + j, P + i + (w - 1 - j), P + (h - 1 - i) + j, P + (h + w - 2) - i - j
                         block.append([up, vm, vp, um] if order == "reference" else [up, um, vp, vm])
