@@ -67,20 +67,21 @@ def random_batch(seed, batch=3, pad="right", adjacent=False, seconds=(1.0,)):
             if s[0] == "V":
                 spg.append(s[4])
         rows.append(row)
-    length = max(map(len, rows)) + rng.randint(0, 2)
-    types = torch.zeros(batch, length, dtype=torch.long)
-    mask = torch.zeros(batch, length, dtype=torch.long)
+    return padded(rows, images, videos, pad, rng.randint(0, 2)), samples, torch.tensor(spg, dtype=torch.float32)
+
+
+def padded(rows, images, videos, pad, extra):
+    """Model inputs for token-type rows padded on side ``pad`` to the longest row + ``extra``."""
+    length = max(map(len, rows)) + extra
+    types = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
     for b, row in enumerate(rows):
         sl = slice(0, len(row)) if pad == "right" else slice(length - len(row), length)
         types[b, sl] = torch.tensor(row)
         mask[b, sl] = 1
-    return dict(
-        input_ids=torch.randint(0, 50, (batch, length)),
-        mm_token_type_ids=types,
-        attention_mask=mask,
-        image_grid_thw=torch.tensor(images) if images else None,
-        video_grid_thw=torch.tensor(videos) if videos else None,
-    ), samples, torch.tensor(spg, dtype=torch.float32)
+    return dict(input_ids=torch.randint(0, 50, (len(rows), length)), mm_token_type_ids=types, attention_mask=mask,
+                image_grid_thw=torch.tensor(images) if images else None,
+                video_grid_thw=torch.tensor(videos) if videos else None)
 
 
 def layouts_of(samples, intervals=None):
@@ -681,16 +682,7 @@ def qwen3_batch(seed, batch=3, pad="left"):
                     row += [0] * rng.randint(1, 3) + [2] * (h * w // MERGE**2)
             row += [0] * rng.randint(1, 2)  # transformers needs text between vision items
         rows.append(row)
-    length = max(map(len, rows)) + rng.randint(0, 2)
-    types = torch.zeros(batch, length, dtype=torch.long)
-    mask = torch.zeros(batch, length, dtype=torch.long)
-    for b, row in enumerate(rows):
-        sl = slice(0, len(row)) if pad == "right" else slice(length - len(row), length)
-        types[b, sl] = torch.tensor(row)
-        mask[b, sl] = 1
-    return dict(input_ids=torch.randint(0, 50, (batch, length)), mm_token_type_ids=types, attention_mask=mask,
-                image_grid_thw=torch.tensor(images) if images else None,
-                video_grid_thw=torch.tensor(videos) if videos else None)
+    return padded(rows, images, videos, pad, rng.randint(0, 2))
 
 
 def qwen3_get_rope_index(inputs):
