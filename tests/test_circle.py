@@ -1,4 +1,4 @@
-"""Circle-RoPE (CIP): a per-token re-computation of paper §4.1 / SPEC §3, and its invariants."""
+"""Circle-RoPE (CIP): a per-token re-computation of paper §4.1 (docs/conventions.md, "Circle-RoPE"), and its invariants."""
 import math
 import random
 
@@ -11,7 +11,7 @@ from ropekit.designs.circle import ring_offsets
 
 
 def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.0, 1.0)):
-    """Straight from the SPEC text with Python floats, one token at a time; returns [(t, h, w)]."""
+    """Straight from the rules of docs/conventions.md ("Circle-RoPE") with Python floats, one token at a time; returns [(t, h, w)]."""
     xs = [j for i in range(h) for j in range(w)]
     ys = [i for i in range(h) for j in range(w)]
     cx, cy = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2

@@ -100,6 +100,13 @@ BAD = {
     "viz sim2d zero grid": ["viz", "sim2d", "--grid-size", "0"],
     "viz sim3d no slices": ["viz", "sim3d", "--slice-coords"],
     "viz sim3d d-head x": ["viz", "sim3d", "--d-head", "x"],
+    # absurd sizes are refused before any allocation (each would need tens of GiB or hours)
+    "viz sim2d huge grid": ["viz", "sim2d", "--grid-size", "100000"],
+    "viz sim2d huge d-head": ["viz", "sim2d", "--d-head", "1000000000"],
+    "viz sim2d huge num-samples": ["viz", "sim2d", "--num-samples", "10000000"],
+    "viz sim3d huge grid": ["viz", "sim3d", "--grid-size", "100000"],
+    "viz sim3d many slices": ["viz", "sim3d", "--slice-coords", *map(str, range(100))],
+    "viz proj huge num-vectors": ["viz", "proj", "--num-vectors", "1000000000"],
     "experiment bad preset": ["experiment", "--preset", "huge"],
 }
 # the same failures through the installed entry point (python -m ropekit), one per command plus the
@@ -173,7 +180,11 @@ def test_bad_input_messages_say_what_is_wrong(tmp_path, capsys):
     for case, expected in [("report --out FILE", "exists and is not a folder"),
                            ("positions overflow", "too large"),
                            ("relative huge head-dim", "--head-dim: must be between 16 and 8192"),
-                           ("positions bad -o", "see 'ropekit positions --help'")]:
+                           ("positions bad -o", "see 'ropekit positions --help'"),
+                           ("viz sim2d huge grid", "`grid_size`² (100000²) × (`d_head`/2 + 3 = 515) = 5150000000000"),
+                           ("viz sim2d huge num-samples", "× `num_samples` (10000000) ="),
+                           ("viz sim3d many slices", "100 slices"),
+                           ("viz proj huge num-vectors", "`num_vectors` = 1000000000")]:
         try:
             main(_args(case, tmp_path))
         except SystemExit:

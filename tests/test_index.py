@@ -67,20 +67,21 @@ def random_batch(seed, batch=3, pad="right", adjacent=False, seconds=(1.0,)):
             if s[0] == "V":
                 spg.append(s[4])
         rows.append(row)
-    length = max(map(len, rows)) + rng.randint(0, 2)
-    types = torch.zeros(batch, length, dtype=torch.long)
-    mask = torch.zeros(batch, length, dtype=torch.long)
+    return padded(rows, images, videos, pad, rng.randint(0, 2)), samples, torch.tensor(spg, dtype=torch.float32)
+
+
+def padded(rows, images, videos, pad, extra):
+    """Model inputs for token-type rows padded on side ``pad`` to the longest row + ``extra``."""
+    length = max(map(len, rows)) + extra
+    types = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
     for b, row in enumerate(rows):
         sl = slice(0, len(row)) if pad == "right" else slice(length - len(row), length)
         types[b, sl] = torch.tensor(row)
         mask[b, sl] = 1
-    return dict(
-        input_ids=torch.randint(0, 50, (batch, length)),
-        mm_token_type_ids=types,
-        attention_mask=mask,
-        image_grid_thw=torch.tensor(images) if images else None,
-        video_grid_thw=torch.tensor(videos) if videos else None,
-    ), samples, torch.tensor(spg, dtype=torch.float32)
+    return dict(input_ids=torch.randint(0, 50, (len(rows), length)), mm_token_type_ids=types, attention_mask=mask,
+                image_grid_thw=torch.tensor(images) if images else None,
+                video_grid_thw=torch.tensor(videos) if videos else None)
 
 
 def layouts_of(samples, intervals=None):
@@ -367,7 +368,7 @@ EXACT = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)  # intervals whose products with frame n
 
 
 def brute_force(layout, design, continuation="max", order="reference"):
-    """float64 token-by-token placement written from SPEC §3, one design at a time."""
+    """float64 token-by-token placement written from docs/conventions.md ("Position designs"), one design at a time."""
     axes = {"vanilla": 1, "shared": 1, "mrope": 3, "compact": 3, "vrope": 4, "rope2d": 2}[design]
     out, p = [], [0.0] * axes  # running start, per axis
     for seg in layout:
@@ -390,7 +391,7 @@ def brute_force(layout, design, continuation="max", order="reference"):
                     elif design == "rope2d":
                         P = s + f * max(h, w)
                         block.append([P + i, P + j])
-                    else:  # vrope, SPEC order u+, v-, v+, u-; the paper's eq. 8 order is u+, u-, v+, v-
+                    else:  # vrope, the released code's (default) order u+, v-, v+, u-; the paper's eq. 8 order is u+, u-, v+, v-
                         P = s + f * (h + w - 1)
                         up, vm, vp, um = P + i + j, P + i + (w - 1 - j), P + (h - 1 - i) + j, P + (h + w - 2) - i - j
                         block.append([up, vm, vp, um] if order == "reference" else [up, um, vp, vm])
@@ -656,3 +657,88 @@ def test_decode_positions_argument_types():
         decode_positions(torch.tensor([[float("nan")]]), 2, 1, 3)
     with pytest.raises(ValueError, match="`past_length` \\+ `num_new`.*exceed the limit"):
         decode_positions(d, 10**30, 1, 3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Qwen3-VL input: one video grid [t, h, w], t frame blocks in the text (each after timestamp tokens)
+
+
+def qwen3_batch(seed, batch=3, pad="left"):
+    """A padded Qwen3-VL-style batch: images [1, h, w] and videos [t, h, w] whose frames each follow 1-3
+    timestamp text tokens, as Qwen3-VL's processor writes them."""
+    rng = random.Random(seed)
+    rows, images, videos = [], [], []
+    for _ in range(batch):
+        row = [0] * rng.randint(1, 4)
+        for _ in range(rng.randint(0, 3)):
+            h, w = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+            if rng.random() < 0.4:
+                images.append([1, h, w])
+                row += [1] * (h * w // MERGE**2)
+            else:
+                t = rng.randint(1, 4)
+                videos.append([t, h, w])
+                for _ in range(t):
+                    row += [0] * rng.randint(1, 3) + [2] * (h * w // MERGE**2)
+            row += [0] * rng.randint(1, 2)  # transformers needs text between vision items
+        rows.append(row)
+    return padded(rows, images, videos, pad, rng.randint(0, 2))
+
+
+def qwen3_get_rope_index(inputs):
+    """transformers' Qwen3-VL get_rope_index (it only reads the merge size from the model)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    model = SimpleNamespace(config=SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=MERGE)))
+    model.get_vision_position_ids = lambda *a, **k: Qwen3VLModel.get_vision_position_ids(model, *a, **k)
+    grids = inputs["video_grid_thw"]
+    return Qwen3VLModel.get_rope_index(model, **{**inputs, "video_grid_thw": None if grids is None else grids.clone()})
+
+
+@pytest.mark.parametrize("seed,pad", [(seed, pad) for seed in range(6) for pad in ("left", "right")])
+@pytest.mark.parametrize("design", ["mrope-i", "mrope"])
+def test_qwen3_video_grids_with_many_frames_equal_its_get_rope_index(seed, pad, design):
+    inputs = qwen3_batch(seed, pad=pad)
+    want_pos, want_delta = qwen3_get_rope_index(inputs)
+    for split in (None, True):  # auto-detected from the timestamp-separated runs, or forced
+        pos, delta = rope_index(**inputs, design=design, split_video_frames=split, dtype=torch.int64)
+        assert pos.dtype == want_pos.dtype == torch.int64 and delta.dtype == want_delta.dtype
+        assert torch.equal(pos, want_pos) and torch.equal(delta, want_delta)
+        fpos, fdelta = rope_index(**inputs, design=design, split_video_frames=split)  # default float32
+        assert fpos.dtype == torch.float32 and torch.equal(fpos, want_pos.float())
+        assert torch.equal(fdelta, want_delta.float())
+
+
+def test_qwen3_video_grids_are_not_split_when_told_not_to_or_when_frames_are_contiguous():
+    inputs = qwen3_batch(0)
+    assert (inputs["video_grid_thw"][:, 0] > 1).any()
+    with pytest.raises(ValueError, match="do not split into whole videos"):
+        rope_index(**inputs, design="mrope-i", split_video_frames=False)
+    # Qwen2-VL input (frames of a video back to back): auto keeps the video whole, as Qwen2-VL does
+    types = torch.tensor([[0, 0] + [2] * 8 + [0]])
+    whole = rope_index(None, types, video_grid_thw=[[2, 4, 4]], design="mrope")[0]
+    assert torch.equal(whole[:, 0, 2:10], positions("V2x2x2", "mrope").T + 2)
+    split = rope_index(None, types, video_grid_thw=[[2, 4, 4]], design="mrope", split_video_frames=True)[0]
+    assert torch.equal(split[:, 0, 2:10], positions("V1x2x2 V1x2x2", "mrope").T + 2)
+    with pytest.raises(TypeError, match="`split_video_frames`"):
+        rope_index(None, types, video_grid_thw=[[2, 4, 4]], split_video_frames="yes")
+
+
+def test_int64_positions_equal_qwen25_and_are_refused_where_positions_are_fractional(qwen25):
+    inputs, _, _ = random_batch(3, pad="left")
+    want_pos, want_delta = qwen25.get_rope_index(**inputs)
+    pos, delta = rope_index(**inputs, design="mrope", dtype=torch.int64)
+    assert pos.dtype == want_pos.dtype and torch.equal(pos, want_pos) and torch.equal(delta.reshape(-1),
+                                                                                       want_delta.reshape(-1))
+    for design in ("circle", "v2pe"):  # fractional by construction, whatever the batch
+        with pytest.raises(ValueError, match=f"`dtype`=torch.int64 .* design '{design}' places tokens at fractional"):
+            rope_index(None, torch.tensor([[0, 0, 0]]), design=design, dtype=torch.int64)
+    types = torch.tensor([[0] + [2] * 8 + [0]])
+    with pytest.raises(ValueError, match="design 'videorope' with temporal_stride=0.5 places tokens at fractional"):
+        rope_index(None, types, video_grid_thw=[[2, 4, 4]], design="videorope", temporal_stride=0.5, dtype=torch.int64)
+    whole = rope_index(None, types, video_grid_thw=[[2, 4, 4]], design="videorope", dtype=torch.int64)[0]
+    assert torch.equal(whole[:, 0, 1:9], positions("V2x2x2", "videorope").T.long() + 1)
+    with pytest.raises(TypeError, match="`dtype`"):
+        rope_index(None, types, video_grid_thw=[[2, 4, 4]], dtype=torch.float16)

@@ -70,6 +70,9 @@ def test_unreadable_interval_names_the_segment(bad):
     (lambda: Video(10**400, 2, 2), ValueError, "`t`.*too large"),
     (lambda: Text(2**63), ValueError, "`n`.*too large"),
     (lambda: Grid(2**40, 2**40), ValueError, "Grid.*2\\*\\*63"),
+    (lambda: Video(2**21, 2**21, 2**21), ValueError, "`t` × `h` × `w`.*2\\*\\*63"),  # each size fine, the product not
+    (lambda: Image(2**32, 2**32), ValueError, "`h` × `w`.*2\\*\\*63"),
+    (lambda: Grid(2**40, 2**40), ValueError, "Grid: .*`sizes`"),
     (lambda: Layout([Text(2**62), Text(2**62)]), ValueError, "Layout holds .* tokens"),
     (lambda: Layout.parse("T99999999999999999999"), ValueError, "`n`.*too large"),
     (lambda: Layout.parse("V2x2x2@1e39"), ValueError, "`interval`.*not finite float32"),

@@ -61,7 +61,7 @@ def test_every_allocation_matches_brute_force(alloc, A, sections, channels):
     x = torch.randn(2, 3, 11, D, generator=g, dtype=torch.float64)
     cos, sin = cos_sin(angles(coords, W))
     got = apply_rotary(x, cos, sin, channels=channels)
-    # angles are float32 by design (SPEC §2): agreement to float32 angle rounding at |angle| ~ 200
+    # angles are float32 by design (docs/conventions.md, "Precision"): agreement to float32 angle rounding at |angle| ~ 200
     torch.testing.assert_close(got, brute_force(x, coords, W, channels), rtol=0, atol=5e-5)
 
 

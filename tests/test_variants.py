@@ -481,10 +481,35 @@ def test_hope_draws_per_sample_from_its_generator_only():
     ("v2pe", {"visual_stride": float("inf")}, "visual_stride"),
     ("mmrope", {"position_scale": (1.0, 2.0)}, "position_scale"),
     ("mmrope", {"position_scale": (1.0, 0.0, 1.0)}, "position_scale"),
+    # strings and ints too large for a float: the option's name, never Python's bare conversion error
+    ("mmrope", {"position_scale": "1:2"}, "`position_scale`"),
+    ("mmrope", {"position_scale": ("1", 1.0, 1.0)}, "`position_scale`"),
+    ("mmrope", {"position_scale": (1.0, 10**400, 1.0)}, "`position_scale`"),
+    ("videorope", {"temporal_stride": 10**400}, "`temporal_stride`"),
+    ("v2pe", {"increment": 10**400}, "`increment`"),
+    ("v2pe", {"visual_stride": -(10**400)}, "`visual_stride`"),
+    ("v2pe", {"visual_stride": 2**200}, "visual_stride=.* not finite float32"),  # its ceiling was an int overflow
+    ("mmrope", {"position_scale": torch.tensor(2.0)}, "`position_scale`"),
+    ("hope", {"temporal_scale": 10**400}, "`temporal_scale`"),
+    ("hope", {"scales": (1.0, 10**400), "generator": 0}, "`scales`"),
+    ("hope", {"scales": (1.0,), "generator": 2**70}, "`generator`"),
+    ("hope", {"scales": (1.0,), "generator": -1}, "`generator`"),
 ])
 def test_bad_options_fail_clearly(design, opts, match):
     with pytest.raises((ValueError, TypeError), match=match):
         positions("T2 I2x2 T1", design, **opts)
+
+
+@pytest.mark.parametrize("design", NEW)
+def test_every_variant_declares_its_axis_count_before_placing(design, monkeypatch):
+    """The axis count is known before placing (so oversized work is refused before allocating) and is the
+    number of columns the design returns."""
+    lay = Layout.parse("T2 I2x2 V2x2x2 T1")
+    declared = registry.num_axes(registry.get_design(design), lay, {})
+    assert declared == positions(lay, design).shape[1]
+    monkeypatch.setattr(registry, "MAX_WORK", lay.num_tokens * declared - 1)
+    with pytest.raises(ValueError, match="MAX_WORK"):
+        positions(lay, design)
 
 
 def test_hope_random_scales_are_refused_by_the_batched_index():

@@ -11,7 +11,7 @@ from ropekit.analysis.kernel import kernel_between
 from ropekit.designs.vrope import flip_patterns, frame_coordinates, frame_length
 from ropekit.rotations.planar import angles
 
-REFERENCE = ("u+", "v-", "v+", "u-")  # released code / SPEC order
+REFERENCE = ("u+", "v-", "v+", "u-")  # the released code's order, ropekit's default (docs/conventions.md)
 PAPER = ("u+", "u-", "v+", "v-")  # eq. 8 order
 
 

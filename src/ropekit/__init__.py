@@ -1,6 +1,6 @@
 """ropekit — geometric rotary position embeddings for PyTorch.
 
-Four stages, one direction of flow (SPEC §1)::
+Four stages, one direction of flow (their conventions: docs/conventions.md)::
 
     Layout ──► position design ──► rotation family ──► apply
     layout.py   designs/            rotations/           apply/

@@ -199,6 +199,8 @@ def rope_index(
     second_per_grid_ts: Optional[Union[torch.Tensor, Sequence[float]]] = None,
     tokens_per_second: Optional[float] = None,
     per_axis_deltas: bool = False,
+    split_video_frames: Optional[bool] = None,
+    dtype: torch.dtype = torch.float32,
     **design_options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``(A, B, L)`` float32 and deltas of a padded multimodal batch under ``design``.
@@ -214,6 +216,16 @@ def rope_index(
     (transformers' ``rope_deltas``), so decoding continues at ``cache_length + delta``. Designs whose
     text leaves the diagonal (``compact``) need ``per_axis_deltas=True``: deltas ``(B, A)`` from each
     axis' own max, which makes cached decoding match a full pass exactly.
+
+    Qwen3-VL gives one grid ``[t, h, w]`` per video while its text holds ``t`` frame blocks, each after
+    its own timestamp text. ``split_video_frames=None`` (default) splits a video grid with ``t > 1`` into
+    ``t`` grids ``[1, h, w]`` when the runs of video tokens show frame boundaries inside it; ``True``
+    always splits (as Qwen3-VL's ``get_rope_index``), ``False`` never (grids must match the runs).
+    A split frame keeps its video's interval.
+
+    ``dtype=torch.int64`` returns positions and deltas as int64, as transformers does, for designs that
+    place every token at a whole number; designs with fractional positions (``circle``, ``v2pe``), and
+    batches whose video intervals or design options give fractional positions, are refused.
     """
     types = _check_2d(mm_token_type_ids, "mm_token_type_ids")
     if types.is_floating_point() or types.dtype == torch.bool:
@@ -251,6 +263,8 @@ def rope_index(
     images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size, types.numel())
     videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size, types.numel())
     intervals = _intervals(0 if videos is None else videos.shape[0], second_per_grid_ts, tokens_per_second)
+    videos, intervals = _split_frames(types, valid, videos, intervals, split_video_frames)
+    _check_dtype(dtype)
 
     d = get_design(design)
     rule = d.block_rule
@@ -267,7 +281,57 @@ def rope_index(
         top = pos[list(axes)].masked_fill(~valid, -torch.inf).amax(dim=(0, 2)).double()
         n_valid = valid.sum(dim=1).double()
         delta = torch.where(n_valid > 0, top + 1.0 - n_valid, 0.0).to(torch.float32)[:, None]
+    if dtype == torch.int64:
+        pos, delta = _as_int64(pos, delta, d, design_options)
     return pos.to(device), delta.to(device)
+
+
+def _split_frames(types: torch.Tensor, valid: torch.Tensor, videos: Optional[torch.Tensor], intervals: list[float],
+                  split: Optional[bool]) -> tuple[Optional[torch.Tensor], list[float]]:
+    """Video grids ``[t, h, w]`` split into ``t`` frames ``[1, h, w]`` (intervals repeated) where ``split`` says:
+    always (True), never (False), or (None) for the videos whose token runs break inside them."""
+    if split is not None and not isinstance(split, bool):
+        raise TypeError(f"rope_index: `split_video_frames` must be True, False or None (auto), got {split!r}")
+    if videos is None or split is False or not bool((videos[:, 0] > 1).any()):
+        return videos, intervals
+    cut = videos[:, 0] > 1
+    if split is None:  # a run of video tokens ends strictly inside the video: its frames are separate blocks
+        sample = torch.arange(types.shape[0]).repeat_interleave(valid.sum(dim=1))
+        keys, run_len = torch.unique_consecutive(sample * 3 + types[valid], return_counts=True)
+        run_end = run_len[keys % 3 == VIDEO].cumsum(0)
+        end = videos.prod(dim=1).cumsum(0)
+        start = end - videos.prod(dim=1)
+        inside = torch.searchsorted(run_end, end, right=False) - torch.searchsorted(run_end, start, right=True)
+        cut &= inside > 0
+    frames = torch.where(cut, videos[:, 0], 1)
+    out = videos.repeat_interleave(frames, dim=0)
+    out[:, 0] = torch.where(cut, 1, videos[:, 0]).repeat_interleave(frames)
+    return out, [x for x, n in zip(intervals, frames.tolist()) for _ in range(n)]
+
+
+def _check_dtype(dtype: object) -> None:
+    if dtype not in (torch.float32, torch.int64):
+        raise TypeError(f"rope_index: `dtype` must be torch.float32 (default) or torch.int64 (whole-number "
+                        f"positions, as transformers returns), got {dtype!r}")
+
+
+_PROBE = "T2 I3x4 T1 V3x2x5 T2"  # images, a video and text: shows whether a design places tokens off the integers
+
+
+def _as_int64(pos: torch.Tensor, delta: torch.Tensor, design, design_options: dict):
+    """Positions and deltas as int64, refused unless the design (on any input) and this batch are whole numbers."""
+    probe = positions(_PROBE, design.name, **design_options)
+    if not _whole(probe):
+        frac = probe[probe != probe.round()][0].item()
+        raise ValueError(
+            f"rope_index: `dtype`=torch.int64 needs whole-number positions, but design {design.name!r}"
+            f"{describe_options(design_options)} places tokens at fractional positions (e.g. {frac:g} for "
+            f"'{_PROBE}'); use the default dtype=torch.float32"
+        )
+    if not (_whole(pos) and _whole(delta)):  # a safety net: the probe above shows every registered design
+        raise ValueError(f"rope_index: `dtype`=torch.int64 needs whole-number positions, but design {design.name!r} "
+                         f"gives fractional ones on this batch; use the default dtype=torch.float32")
+    return pos.to(torch.int64), delta.to(torch.int64)
 
 
 def _check_coordinates(axes: int, batch: int, length: int, what: str) -> None:

@@ -56,10 +56,12 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
-def _check_total(count: int, what: str) -> None:
+def _check_total(count: int, what: str, names: str = "") -> None:
+    """Refuse more than 2**63 - 1 tokens; ``names`` (e.g. "`t` × `h` × `w`") says which arguments multiply up."""
     if count > _INT64_MAX:
-        raise ValueError(f"{what} holds {_show(count)} tokens, more than 2**63 - 1; a sequence this long cannot be "
-                         f"indexed")
+        product = f" ({names})" if names else ""
+        raise ValueError(f"{what} holds {_show(count)} tokens{product}, more than 2**63 - 1; a sequence this long "
+                         f"cannot be indexed: use smaller sizes")
 
 
 def check_token_count(count: int, what: str) -> None:
@@ -125,7 +127,7 @@ class Image:
     def __post_init__(self) -> None:
         object.__setattr__(self, "h", _check_size(self.h, "h", "Image"))
         object.__setattr__(self, "w", _check_size(self.w, "w", "Image"))
-        _check_total(self.h * self.w, f"Image({self.h}, {self.w})")
+        _check_total(self.h * self.w, f"Image({self.h}, {self.w})", "`h` × `w`")
 
     @property
     def num_tokens(self) -> int:
@@ -149,7 +151,7 @@ class Video:
     def __post_init__(self) -> None:
         for name in ("t", "h", "w"):
             object.__setattr__(self, name, _check_size(getattr(self, name), name, "Video"))
-        _check_total(self.t * self.h * self.w, f"Video({self.t}, {self.h}, {self.w})")
+        _check_total(self.t * self.h * self.w, f"Video({self.t}, {self.h}, {self.w})", "`t` × `h` × `w`")
         object.__setattr__(self, "interval", _check_interval(self.interval))
 
     @property
@@ -175,7 +177,7 @@ class Grid:
         if not sizes:
             raise ValueError("Grid: give at least one size, e.g. Grid(14, 14)")
         checked = tuple(_check_size(s, f"sizes[{i}]", "Grid") for i, s in enumerate(sizes))
-        _check_total(math.prod(checked), f"Grid{checked}")
+        _check_total(math.prod(checked), f"Grid: sizes {checked}", "the product of `sizes`")
         object.__setattr__(self, "sizes", checked)
 
     @property

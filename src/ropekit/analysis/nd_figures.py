@@ -22,7 +22,16 @@ from .figures import _save  # noqa: E402
 from .nd import check_int, grid_offsets, max_angular_gap, similarity_grid  # noqa: E402
 
 __all__ = ["draw_kernel", "plot_projections", "plot_sim2d", "plot_sim3d", "plot_kernel_maps",
-           "plot_relative_kernels", "KERNEL_LABEL", "ROW_LABEL", "COL_LABEL"]
+           "plot_relative_kernels", "KERNEL_LABEL", "ROW_LABEL", "COL_LABEL", "check_kernel_work",
+           "MAX_EXACT_WORK", "MAX_SAMPLED_WORK", "MAX_SLICES", "MAX_VECTORS"]
+
+#: Sizes the figures refuse before allocating (raise them on purpose for bigger figures). The exact kernel
+#: holds one float64 angle per grid position and frequency pair: 2**26 of them are 512 MiB. The Monte-Carlo
+#: kernel works in bounded chunks, so its limit bounds the time (positions × d_head × num_samples terms).
+MAX_EXACT_WORK = 2**26
+MAX_SAMPLED_WORK = 2**31
+MAX_SLICES = 12  # panels of one sim3d figure
+MAX_VECTORS = 2**16  # directions drawn by plot_projections
 
 KERNEL_LABEL = "expected kernel  E[q·R(Δ)q] / E[q·q]"
 _MC_LABEL = "Monte-Carlo mean of q·R(Δ)q / E[q·q]"
@@ -46,6 +55,34 @@ def _check_method(method: str) -> str:
     return method
 
 
+def check_kernel_work(d_head: int, grid_size: int, num_samples: "int | None", slices: int = 1) -> int:
+    """Refuse kernel figures whose work is absurd before anything is allocated; returns the work.
+
+    The exact kernel builds ``slices × grid_size² × (d_head/2 + 3)`` float64 numbers (angles and offsets),
+    at most :data:`MAX_EXACT_WORK`; the Monte-Carlo one does ``slices × grid_size² × d_head × num_samples``
+    terms, at most :data:`MAX_SAMPLED_WORK`.
+    """
+    check_int(d_head, "d_head", 2)
+    check_int(grid_size, "grid_size")
+    if not 1 <= slices <= MAX_SLICES:
+        raise ValueError(f"`slice_coords`: {slices} slices is more than one figure can show (at most {MAX_SLICES})")
+    positions = slices * grid_size**2
+    if num_samples is None:
+        work, limit, what = positions * (d_head // 2 + 3), MAX_EXACT_WORK, f"(`d_head`/2 + 3 = {d_head // 2 + 3})"
+    else:
+        check_int(num_samples, "num_samples")
+        work, limit, what = positions * d_head * num_samples, MAX_SAMPLED_WORK, \
+            f"`d_head` ({d_head}) × `num_samples` ({num_samples})"
+    if work > limit:
+        name = "MAX_EXACT_WORK" if num_samples is None else "MAX_SAMPLED_WORK"
+        raise ValueError(
+            f"kernel figure too large: {slices} slice(s) × `grid_size`² ({grid_size}²) × {what} = {work} numbers, "
+            f"more than the limit of {limit} (ropekit.analysis.nd_figures.{name}); use a smaller grid_size, "
+            f"d_head or num_samples"
+        )
+    return work
+
+
 def plot_projections(
     n_dims: int, num_vectors: int, sampling_method: str, save_path: "str | Path", *, seed: int = 0
 ) -> Path:
@@ -53,6 +90,9 @@ def plot_projections(
     if n_dims not in (2, 3):
         raise ValueError(f"`n_dims` must be 2 or 3 (a circle or a sphere can be drawn), got {n_dims!r}")
     check_int(num_vectors, "num_vectors")
+    if num_vectors > MAX_VECTORS:
+        raise ValueError(f"`num_vectors` = {num_vectors} directions are too many to draw (at most {MAX_VECTORS}, "
+                         f"ropekit.analysis.nd_figures.MAX_VECTORS)")
     _check_method(sampling_method)
     ours = nd_directions(num_vectors, n_dims, sampling_method, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -124,6 +164,7 @@ def plot_sim2d(
 ) -> Path:
     """Heat map of the 2-D directional-RoPE kernel from the centre token to every grid position."""
     _check_method(sampling_method)
+    check_kernel_work(d_head, grid_size, num_samples)
     W = directional_matrix(d_head, 2, sampling_method, base=base, seed=seed, dtype=torch.float64)
     k = similarity_grid(W, grid_size, num_samples=num_samples, seed=seed)
     fig = _kernel_row({"": k}, grid_offsets(grid_size), KERNEL_LABEL if num_samples is None else _MC_LABEL,
@@ -150,6 +191,7 @@ def plot_sim3d(
     if not zs or not all(isinstance(z, (int, float)) and math.isfinite(z) for z in zs):
         raise ValueError(f"`slice_coords` must be a non-empty list of finite Δz offsets, e.g. [-10, 0, 10]; "
                          f"got {slice_coords!r}")
+    check_kernel_work(d_head, grid_size, num_samples, len(zs))
     W = directional_matrix(d_head, 3, sampling_method, base=base, seed=seed, dtype=torch.float64)
     maps = {f"slice Δ(axis 2) = {z:g}": similarity_grid(W, grid_size, extra=(z,), num_samples=num_samples,
                                                          seed=seed) for z in zs}

@@ -1,9 +1,29 @@
 """Small helpers shared by the position designs."""
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from ..layout import Grid, Image, Segment, Video
+
+
+def positive_number(value: object, name: str, design: str) -> float:
+    """``value`` as a finite float > 0, or a ValueError/TypeError naming the design's option ``name``.
+
+    Ints too large for a float (``10**400``) and strings are refused with the option's name, never with
+    Python's bare "could not convert" / OverflowError.
+    """
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{design}: `{name}` must be a finite number > 0, got {type(value).__name__} ({value!r:.40})")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{design}: `{name}` must be a finite number > 0, got {str(value)[:40]}")
+    return number
 
 
 def diagonal(start: float, n: int, axes: int) -> torch.Tensor:

@@ -15,27 +15,36 @@ from typing import Optional, Sequence
 import torch
 
 from ..layout import Layout, Segment
+from ._common import positive_number
 from .registry import register, walk
-from .videorope import _check_positive, diagonal_blocks
+from .videorope import diagonal_blocks
 
 __all__ = ["hope", "hope_blocks", "hope_index", "draw_temporal_scale", "TRAIN_SCALES"]
 
 TRAIN_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
 
 
-def draw_temporal_scale(scales: Sequence[float], generator: "torch.Generator | int") -> float:
-    """One γ drawn uniformly from ``scales`` with ``generator`` (a ``torch.Generator`` or an int seed)."""
-    if isinstance(generator, bool) or not isinstance(generator, (torch.Generator, int)):
+def as_generator(generator: "torch.Generator | int") -> torch.Generator:
+    """``generator`` itself, or a new ``torch.Generator`` seeded with it (an int seed in ``[0, 2**63)``)."""
+    if isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, bool) or not isinstance(generator, int):
         raise TypeError(
             f"hope: drawing a temporal scale needs `generator` = a torch.Generator or an int seed, got "
             f"{type(generator).__name__}; HoPE never uses global random state"
         )
-    if isinstance(generator, int):
-        generator = torch.Generator().manual_seed(generator)
+    if not 0 <= generator < 2**63:
+        raise ValueError(f"hope: an int `generator` is a seed and must lie in [0, 2**63), got {str(generator)[:40]}")
+    return torch.Generator().manual_seed(generator)
+
+
+def draw_temporal_scale(scales: Sequence[float], generator: "torch.Generator | int") -> float:
+    """One γ drawn uniformly from ``scales`` with ``generator`` (a ``torch.Generator`` or an int seed)."""
+    generator = as_generator(generator)
     if isinstance(scales, (str, bytes)) or not isinstance(scales, Sequence):
         raise TypeError(f"hope: `scales` must be a sequence of temporal scales, e.g. {TRAIN_SCALES}, "
                         f"got {type(scales).__name__}")
-    values = [_check_positive(s, "scales[i]", "hope") for s in scales]
+    values = [positive_number(s, "scales", "hope") for s in scales]
     if not values:
         raise ValueError("hope: `scales` must hold at least one temporal scale, e.g. (0.5, 0.75, 1.0, 1.25, 1.5)")
     return values[int(torch.randint(len(values), (1,), generator=generator))]
@@ -58,7 +67,7 @@ def hope_blocks(
             "once: use ropekit.designs.hope.hope_index(..., scales=..., generator=...) for a batch, or "
             "ropekit.positions(layout, 'hope', scales=..., generator=...) per sample"
         )
-    return diagonal_blocks(segments, _check_positive(temporal_scale, "temporal_scale", "hope"), "hope")
+    return diagonal_blocks(segments, positive_number(temporal_scale, "temporal_scale", "hope"), "hope")
 
 
 @register(
@@ -67,6 +76,7 @@ def hope_blocks(
     allocation="hope",
     block_rule=hope_blocks,
     delta_axes=(0,),
+    axes=3,
 )
 def hope(
     layout: Layout,
@@ -96,8 +106,7 @@ def hope_index(*args, scales: Sequence[float] = TRAIN_SCALES, generator: "torch.
     types = kwargs.get("mm_token_type_ids", args[1] if len(args) > 1 else None)
     if not isinstance(types, torch.Tensor) or types.ndim != 2:
         raise ValueError("hope_index: pass rope_index's arguments, with `mm_token_type_ids` of shape (batch, seq_len)")
-    if isinstance(generator, int) and not isinstance(generator, bool):
-        generator = torch.Generator().manual_seed(generator)
+    generator = as_generator(generator)
     drawn = [draw_temporal_scale(scales, generator) for _ in range(types.shape[0])]
     pos = delta = None
     for gamma in sorted(set(drawn)):  # one batched pass per distinct scale (at most len(scales))

@@ -30,6 +30,7 @@ def shift_row_col_blocks(segments: Sequence[Segment]):
     allocation="mrope-interleave",
     aliases=("il-rope",),
     block_rule=shift_row_col_blocks,
+    axes=3,
 )
 def ilrope(layout: Layout) -> torch.Tensor:
     """IL-RoPE positions ``(L, 3)``: ``(shift, r, c)`` in every image or frame."""

@@ -30,6 +30,7 @@ def mhrope_blocks(segments: Sequence[Segment], spatial_reset: bool = True):
     allocation="mhrope",
     aliases=("multi-head-rope",),
     block_rule=mhrope_blocks,
+    axes=3,
 )
 def mhrope(layout: Layout, spatial_reset: bool = True) -> torch.Tensor:
     """MHRoPE positions ``(L, 3)``: ``mrope-i`` with ``spatial_reset=True`` unless told otherwise."""

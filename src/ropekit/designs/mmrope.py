@@ -9,27 +9,25 @@ effect (as in the public code); it is accepted for parity.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows
+from ._common import frame_rows, positive_number
 from .registry import register, walk
 
 __all__ = ["mmrope", "mmrope_blocks"]
 
 
 def _check_scale(position_scale) -> tuple[float, float, float]:
-    try:
-        vals = tuple(float(v) for v in position_scale)
-    except TypeError:
-        vals = ()
-    if len(vals) != 3 or not all(math.isfinite(v) and v > 0 for v in vals):
-        raise ValueError(f"mmrope: `position_scale` must be three finite numbers > 0 (σ_t, σ_h, σ_w), "
-                         f"got {position_scale!r}")
-    return vals
+    values = position_scale
+    if isinstance(values, torch.Tensor):
+        values = values.tolist() if values.ndim == 1 else None
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != 3:
+        raise TypeError(f"mmrope: `position_scale` must be three finite numbers > 0 (σ_t, σ_h, σ_w), "
+                        f"got {position_scale!r:.60}")
+    return tuple(positive_number(v, "position_scale", "mmrope") for v in values)
 
 
 def mmrope_blocks(segments: Sequence[Segment], position_scale: Sequence[float] = (1.0, 1.0, 1.0)):
@@ -50,6 +48,7 @@ def mmrope_blocks(segments: Sequence[Segment], position_scale: Sequence[float] =
     allocation="mmrope",
     aliases=("mm-rope",),
     block_rule=mmrope_blocks,
+    axes=3,
 )
 def mmrope(layout: Layout, position_scale: Sequence[float] = (1.0, 1.0, 1.0)) -> torch.Tensor:
     """MMRoPE positions ``(L, 3)`` with spatial offsets scaled by ``position_scale[1:]``."""

@@ -56,6 +56,7 @@ def mrope_interleave_blocks(segments: Sequence[Segment], spatial_reset: bool = F
     allocation="mrope-interleave",
     aliases=("mrope-interleave", "mrope_interleave", "mropei"),
     block_rule=mrope_interleave_blocks,
+    axes=3,
 )
 def mrope_interleave(layout: Layout, spatial_reset: bool = False) -> torch.Tensor:
     """MRoPE-I positions ``(L, 3)`` (t, h, w); ``spatial_reset=True`` restarts h and w at 0 in every image."""

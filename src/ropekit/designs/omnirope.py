@@ -18,6 +18,7 @@ __all__ = ["omnirope"]
     allocation="mrope",
     aliases=("omni-rope",),
     block_rule=shift_row_col_blocks,
+    axes=3,
 )
 def omnirope(layout: Layout) -> torch.Tensor:
     """Omni-RoPE positions ``(L, 3)``: the same as ``ilrope``; only the allocation differs."""

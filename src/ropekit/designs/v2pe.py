@@ -18,32 +18,27 @@ from typing import Optional, Sequence
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows
+from ._common import frame_rows, positive_number
 from .registry import ragged_arange, register, walk
 
 __all__ = ["v2pe", "v2pe_blocks"]
 
 
-def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"v2pe: `{name}` must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_stride: Optional[float] = None):
     """V2PE block rule: token k of a block at ``(k+1)·δ − 1`` from the start, which advances by ``n·δ``;
     with ``visual_stride`` S, frame f's token i (1-based) at ``f·⌈S⌉ + i·S/n − 1``, advancing ``T·⌈S⌉``."""
-    delta = _positive(increment, "increment")
+    delta = positive_number(increment, "increment", "v2pe")
     if visual_stride is None:
         n = torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
         _, k = ragged_arange(n)
         return ((k + 1).to(torch.float64) * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
-    stride = _positive(visual_stride, "visual_stride")
+    stride = positive_number(visual_stride, "visual_stride", "v2pe")
+    span = float(math.ceil(stride))  # a float: the ceiling of a huge stride is an int too big for a tensor
     seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "v2pe")
-    per_row = torch.stack([frame * math.ceil(stride), row * w.to(torch.float64).index_select(0, seg) + 1.0,
+    per_row = torch.stack([frame * span, row * w.to(torch.float64).index_select(0, seg) + 1.0,
                            stride / (h * w).to(torch.float64).index_select(0, seg)], dim=1).index_select(0, token_row)
     offsets = per_row[:, 0] + (per_row[:, 1] + col) * per_row[:, 2] - 1.0  # frame start + i·S/n − 1
-    return offsets[:, None], (t.to(torch.float64) * math.ceil(stride))[:, None]
+    return offsets[:, None], (t.to(torch.float64) * span)[:, None]
 
 
 @register(
@@ -51,6 +46,7 @@ def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_s
     summary="V2PE: 1-D positions, visual tokens advance by δ < 1 (increment), text by 1",
     allocation="1d",
     block_rule=v2pe_blocks,
+    axes=1,
 )
 def v2pe(layout: Layout, increment: float = 1 / 16, visual_stride: Optional[float] = None) -> torch.Tensor:
     """V2PE positions ``(L, 1)``: visual tokens step by ``increment`` (paper) or, with ``visual_stride``,

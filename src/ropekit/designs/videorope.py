@@ -13,22 +13,15 @@ Pair with the ``"videorope"`` allocation (low-frequency temporal allocation).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows
+from ._common import frame_rows, positive_number
 from .registry import register, walk
 
 __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
-
-
-def _check_positive(value: float, name: str, design: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{design}: `{name}` must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 def diagonal_blocks(segments: Sequence[Segment], stride: float, design: str):
@@ -46,7 +39,7 @@ def diagonal_blocks(segments: Sequence[Segment], stride: float, design: str):
 
 def videorope_blocks(segments: Sequence[Segment], temporal_stride: float = 2.0):
     """VideoRoPE block rule (see :func:`diagonal_blocks`)."""
-    return diagonal_blocks(segments, _check_positive(temporal_stride, "temporal_stride", "videorope"), "videorope")
+    return diagonal_blocks(segments, positive_number(temporal_stride, "temporal_stride", "videorope"), "videorope")
 
 
 @register(
@@ -56,6 +49,7 @@ def videorope_blocks(segments: Sequence[Segment], temporal_stride: float = 2.0):
     aliases=("video-rope",),
     block_rule=videorope_blocks,
     delta_axes=(0,),
+    axes=3,
 )
 def videorope(layout: Layout, temporal_stride: float = 2.0) -> torch.Tensor:
     """VideoRoPE positions ``(L, 3)`` (t, h, w); ``temporal_stride`` is the paper's δ (2 by default)."""

@@ -1,7 +1,8 @@
 """Directional N-D RoPE: frequency pair j rotates by ``ω_j · (u_j · p)`` for a direction ``u_j ∈ S^{N-1}``.
 
-Every planar scheme is a frequency matrix ``W (A, R/2)`` (SPEC §1); here ``W[:, j] = ω_j u_j``
-(SPEC §4, ``papers/nd-rope-derivation.md`` "Coming up with these vectors"). The directions come from the
+Every planar scheme is a frequency matrix ``W (A, R/2)`` (docs/conventions.md, "Frequencies"); here
+``W[:, j] = ω_j u_j`` (docs/conventions.md, "Directional N-D RoPE and RoPE-Mixed"; the N-D paper's section
+"Coming up with these vectors"). The directions come from the
 N-D paper's generator:
 
 1. low-discrepancy (or random) samples ``s ∈ [0, 1)^N`` — ``sobol``, ``weyl``, ``ggr`` or ``uniform``;

@@ -1,6 +1,6 @@
 """Mixed / learned RoPE (RoPE-Mixed, Heo et al. "Rotary Position Embedding for Vision Transformer").
 
-The frequency matrix ``W (heads, A, R/2)`` is a learnable parameter of each layer (SPEC §4). Its
+The frequency matrix ``W (heads, A, R/2)`` is a learnable parameter of each layer (docs/conventions.md, "Directional N-D RoPE and RoPE-Mixed"). Its
 initialisation gives every head its own random rotation ``Q_h ∈ SO(A)`` of the axis directions: the
 R/2 frequency pairs split into A contiguous groups of ``n = R/(2A)`` pairs, group g points along the
 column ``Q_h[:, g]`` and pair j of a group has magnitude ``θ^{-j/n}`` (θ = 10). For the 2-D case this is
