@@ -17,6 +17,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 import ropekit
+from ropekit.rotations.directional import METHODS
 from ropekit.hf import VISION_FAMILIES, patch_vision_model, unpatch_vision_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +57,8 @@ ENCODERS = {
     "qwen2_5_vl": (lambda: _qwen(Qwen2_5_VLConfig, Qwen2_5_VisionTransformerPretrainedModel),
                    lambda: _qwen_inputs(4, 8), lambda: _qwen_inputs(8, 12)),
 }
-OTHER_FAMILIES = [("axial", dict(frequencies="axial", base=50.0)), ("directional", {}),
-                  ("directional", dict(method="golden")), ("mixed", {}), ("geope", {}), ("liere", {}),
-                  ("comrope", {}), ("comrope", dict(variant="ap")), ("grape", {})]
+OTHER_FAMILIES = [("axial", dict(frequencies="axial", base=50.0)), ("directional", {}), ("mixed", {}),
+                  ("geope", {}), ("liere", {}), ("comrope", {}), ("grape", {})]
 
 
 def _out(model, inputs):
@@ -129,6 +129,19 @@ def test_every_family_trains_and_runs_at_an_unseen_resolution(encoder, family, o
     with torch.no_grad():
         big, small = _out(model, unseen), _out(model, inputs)
     assert big.shape[-2] > small.shape[-2] and torch.isfinite(big).all()
+
+
+@pytest.mark.parametrize("family,options", [("directional", dict(method=m)) for m in METHODS]
+                         + [("comrope", dict(variant="ap")), ("grape", dict(mode="interleaved", learned=False))],
+                         ids=str)
+def test_family_variants_train_in_dinov3(family, options):
+    torch.manual_seed(0)
+    model, x = patch_vision_model(_dinov3(), family, **options).train(), dict(pixel_values=torch.randn(2, 3, 16, 16))
+    out = _out(model, x)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all() and model.model.layer[0].attention.q_proj.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert torch.isfinite(_out(model.eval(), dict(pixel_values=torch.randn(1, 3, 24, 32)))).all()
 
 
 def test_learned_parameters_reach_an_optimizer_and_move_one_per_layer():
