@@ -81,6 +81,22 @@ def test_axial_with_stock_frequencies_reproduces_the_stock_encoder(encoder):
     assert torch.equal(_out(model, unseen), stock_big), name
 
 
+def test_several_images_in_one_call_reproduce_the_stock_encoder():
+    """Pixtral concatenates the patches of images of different sizes; Qwen the grids of several images."""
+    torch.manual_seed(0)
+    pixtral = _pixtral()
+    images = dict(pixel_values=torch.randn(2, 3, 24, 32), image_sizes=torch.tensor([[24, 32], [16, 8]]))
+    qwen = _qwen(Qwen2_5_VLConfig, Qwen2_5_VisionTransformerPretrainedModel)
+    grids = dict(hidden_states=torch.randn(32 + 48, 24), grid_thw=torch.tensor([[1, 4, 8], [1, 8, 6]]))
+    for model, inputs in ((pixtral, images), (qwen, grids)):
+        stock = _out(model, inputs)
+        patch_vision_model(model, "axial")
+        assert ropekit.hf.vision.is_vision_patched(model)
+        assert torch.equal(_out(model, inputs), stock)
+        unpatch_vision_model(model)
+        assert not ropekit.hf.vision.is_vision_patched(model)
+
+
 def test_the_patch_is_live_other_frequencies_change_the_outputs(encoder):
     name, model, inputs, _ = encoder
     stock = _out(model, inputs)
@@ -245,6 +261,9 @@ def test_the_vision_tower_of_a_qwen2_vl_model_is_patched_and_its_language_model_
     (lambda m: patch_vision_model(m, "comrope", variant="zz"), "variant"),
     (lambda m: patch_vision_model(m, "liere", bogus=1), "bogus"),
     (lambda m: patch_vision_model(m, "geope", shared=True), "shared"),
+    (lambda m: patch_vision_model(m, "geope", base=10.0), "base"),
+    (lambda m: patch_vision_model(m, "axial", base=10.0), "base"),
+    (lambda m: patch_vision_model(m, "mixed", theta=-1.0), "theta"),
     (lambda m: patch_vision_model(torch.nn.Linear(2, 2), "axial"), "model"),
 ])
 def test_bad_arguments_raise_naming_the_argument_and_leave_the_model_stock(call, argument):

@@ -163,23 +163,27 @@ def _check_family(family: Any) -> str:
 
 def _shared_rotator(family: str, options: dict, adapter: VisionAdapter, rotary: nn.Module, head_dim: int):
     """The rotator of a family without parameters (one for all layers)."""
+    if family == "geope":
+        _take(options, ("lam", "freq_style"), family)
+        return _GeoPE(GeoPE(head_dim, **options))
+    given_base = "base" in options
     base = options.pop("base", adapter.base(rotary))
     if family == "axial":
         _take(options, ("frequencies",), family)
         frequencies = options.get("frequencies", "stock")
         if frequencies == "stock":
+            if given_base:
+                raise ValueError("patch_vision_model: `base` applies to frequencies='axial'; the stock "
+                                 "frequencies are the encoder's own (drop `base` or pass frequencies='axial')")
             return _Planar(adapter.stock_frequencies(rotary))
         if frequencies == "axial":
             return _Planar(frequency_matrix("axial", head_dim, 2, base=base))
         raise ValueError(f"patch_vision_model: `frequencies` must be 'stock' (the encoder's own layout) or "
                          f"'axial' (ropekit's axial allocation), got {frequencies!r}")
-    if family == "directional":
-        _take(options, ("method", "seed"), family)
-        return _Planar(rope=DirectionalRoPE(head_dim, 2, options.get("method", "sobol"), base=base,
-                                            seed=options.get("seed", 0)))
-    options.pop("base", None)
-    _take(options, ("lam", "freq_style"), family)
-    return _GeoPE(GeoPE(head_dim, **options))
+    # directional
+    _take(options, ("method", "seed"), family)
+    return _Planar(rope=DirectionalRoPE(head_dim, 2, options.get("method", "sobol"), base=base,
+                                        seed=options.get("seed", 0)))
 
 
 def _learned_factory(family: str, options: dict, head_dim: int, num_heads: int, base: float):
