@@ -208,8 +208,8 @@ def _learned_factory(family: str, options: dict, head_dim: int, num_heads: int, 
             kwargs.setdefault("mode", "chunked")
             kwargs.setdefault("base", base)
             if kwargs["mode"] == "chunked" and kwargs.get("sections") is None:
-                half = kwargs.get("rotary_dim") or head_dim
-                kwargs["sections"] = [half // 4, half // 2 - half // 4]
+                rotary = kwargs.get("rotary_dim") or head_dim
+                kwargs["sections"] = [rotary // 4, rotary // 2 - rotary // 4]
         try:
             return cls(head_dim, 2, **kwargs)
         except TypeError as e:
