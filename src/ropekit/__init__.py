@@ -38,6 +38,7 @@ from .analysis.relative import geope_expected_kernel, relative_error, relative_t
 from .analysis.relative import rotary_score
 from . import hf
 from .hf import patch_model, unpatch_model
+from .hf import patch_vision_model, unpatch_vision_model
 
 __version__ = "0.1.0"
 
@@ -55,4 +56,5 @@ __all__ = [
     "relative_error", "relative_table", "geope_expected_kernel",
     "hf", "patch_model", "unpatch_model",
     "LieRE", "ComRoPE", "GRAPE", "rotary_score",
+    "patch_vision_model", "unpatch_vision_model",
 ]

@@ -1,0 +1,11 @@
+"""One small file per vision-encoder family whose 2-D RoPE :func:`ropekit.hf.patch_vision_model` replaces."""
+from .base import VisionAdapter
+from .dinov3 import DINOv3Adapter
+from .pixtral import PixtralAdapter
+from .qwen2_vl import Qwen2VLVisionAdapter, Qwen25VLVisionAdapter
+
+VISION_ADAPTERS: tuple[VisionAdapter, ...] = (
+    DINOv3Adapter(), PixtralAdapter(), Qwen2VLVisionAdapter(), Qwen25VLVisionAdapter(),
+)
+
+__all__ = ["VisionAdapter", "VISION_ADAPTERS"]
