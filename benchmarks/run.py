@@ -14,12 +14,13 @@ from pathlib import Path
 
 from . import apply as apply_bench
 from . import geope as geope_bench
+from . import hf_e2e as hf_bench
 from . import index as index_bench
 from . import learned as learned_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants", "learned")
+SUITES = ("apply", "index", "geope", "variants", "learned", "hf")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if "learned" in suites:
         res = learned_bench.run(quick=args.quick, repeat=repeat, log=log)
         _write(args.out / "learned.json", {**header, "results": res})
+    if "hf" in suites:
+        res = hf_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "hf.json", {**header, "results": res})
     return 0
 
 
