@@ -8,6 +8,11 @@ inside them) so load from other processes falls on every state alike:
 - ``circle_age``: ``patch_model(model, "circle", age="alternate")`` — two geometries per forward;
 - ``vrope``: ``patch_model(model, "vrope")`` — its own (6-axis) allocation.
 
+Whole-model prefills run at the ``quick`` shape by default (the full one, 8 layers of hidden 1024 at
+L = 4096, takes minutes per forward on a small shared CPU); one decode step and the patched stages alone
+(positions + cos/sin) also run at the full shape. Times are wall and process CPU time (the CPU time is the
+steadier number on a loaded machine).
+
 ``prefill`` is one forward over the whole prompt (text and images, vision tower included,
 ``logits_to_keep=1`` as ``generate`` does); ``decode`` is one cached forward of one new text token
 after it (each timed prefill gives the cache its decode step reads). Before timing, the patched ``mrope``
@@ -190,6 +195,40 @@ def forward(shape: str, repeat: int, log=print) -> list[dict]:
     return _rows(times, "model", shape, info, log)
 
 
+def decode_only(shape: str, repeat: int, log=print) -> list[dict]:
+    """One cached decode step of the whole model after a prompt of ``shape`` (the full one by default).
+
+    The KV cache comes from one stock prefill (its values do not change the time of a step); each state
+    places the prompt through its own ``compute_3d_position_ids`` (untimed) so the step reads that
+    state's positions, and the cache is cut back by the step's token after each timed call.
+    """
+    layers, hidden, heads, kv, inter, tokens, side = SHAPES[shape]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build(layers, hidden, heads, kv, inter)
+    inputs = prompt(tokens, side)
+    L = inputs["input_ids"].shape[1]
+    inner = model.model
+    emb = inner.get_input_embeddings()(inputs["input_ids"]).detach()
+    kw = {k: inputs[k] for k in ("image_grid_thw", "attention_mask", "mm_token_type_ids")}
+    step = dict(input_ids=torch.tensor([[1234]]))
+    with torch.no_grad():
+        _set_state(model, None)
+        cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+
+        def place(_):
+            inner.compute_3d_position_ids(input_ids=inputs["input_ids"], inputs_embeds=emb, past_key_values=None, **kw)
+
+        def one_step(_):
+            model(**step, past_key_values=cache, use_cache=True)
+            cache.crop(-1)
+
+        times = _interleaved(model, {"place": place, "decode": one_step}, repeat, log)
+    times = {s: {"decode": t["decode"]} for s, t in times.items()}
+    info = {"layers": layers, "hidden": hidden, "tokens": L, "images": len(inputs["image_grid_thw"])}
+    return _rows(times, "model", shape, info, log)
+
+
 def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, log=print) -> list[dict]:
     """Whole-model timings at ``shape`` (``quick`` by default: the full shape takes minutes per forward on
     a small CPU), and the patched stages alone at both shapes."""
@@ -197,7 +236,10 @@ def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, log=p
     out = stages("quick", 4 * repeat, log)
     if not quick:
         out += stages("full", 4 * repeat, log)
-    return out + forward(name, repeat, log)
+    out += forward(name, repeat, log)
+    if not quick:
+        out += decode_only("full", 4 * repeat, log)
+    return out
 
 
 def markdown(results: list[dict]) -> str:
