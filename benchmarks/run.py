@@ -16,12 +16,13 @@ from . import apply as apply_bench
 from . import curves as curves_bench
 from . import experiments as experiments_bench
 from . import geope as geope_bench
+from . import hf_e2e as hf_bench
 from . import index as index_bench
 from . import learned as learned_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves")
+SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out / "curves.json", {**header, "results": res})
         curves_bench.plot(res, args.out / "curves.png")
         print(f"wrote {args.out / 'curves.png'}", flush=True)
+    if "hf" in suites:
+        res = hf_bench.run(quick=args.quick, repeat=repeat, log=log)
+        _write(args.out / "hf.json", {**header, "results": res})
     return 0
 
 

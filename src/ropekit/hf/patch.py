@@ -27,7 +27,7 @@ from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
 from .adapters import ADAPTERS, Adapter
-from . import hooks
+from . import hooks, persist
 from .state import _Geometry, _State
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -38,6 +38,7 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 
 _STATE_ATTR = "_ropekit_patch"
+_FROM_CONFIG = "<from model.config.ropekit>"  # no design given: restore the patch the config records
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def _geometry(
 
 def patch_model(
     model: nn.Module,
-    design: Union[str, Sequence[str]] = "mrope",
+    design: Union[str, Sequence[str]] = _FROM_CONFIG,
     *,
     age: Union[None, str, Sequence[Union[bool, str]]] = None,
     allocation: Union[None, str, Mapping[str, str]] = None,
@@ -168,8 +169,22 @@ def patch_model(
     Qwen3-VL) with the model's ``mrope_section``. ``design_options`` go to ``design`` (the first of a
     pair); ``options`` maps any design name to its options. Patching again replaces the old patch.
     Returns ``model`` (patched in place).
+
+    The patch is recorded under ``model.config.ropekit`` (:mod:`ropekit.hf.persist`), so it is saved
+    by ``save_pretrained``; ``patch_model(model)`` with no design restores the recorded patch (a
+    ValueError when the config holds none).
     """
     top, inner, text, adapter = _parts(model)
+    restoring = design is _FROM_CONFIG
+    if restoring:
+        if age is not None or allocation is not None or options is not None or design_options:
+            raise TypeError(
+                "patch_model: age/allocation/options were given without a design; pass the design too, or "
+                "nothing at all to restore the patch recorded in model.config.ropekit"
+            )
+        restored = persist.arguments(model, inner.config)
+        saved = dict(getattr(inner.config, persist.CONFIG_KEY))
+        design, age, allocation, options = (restored[k] for k in ("design", "age", "allocation", "options"))
     if is_patched(inner):
         _remove(top, inner, text)
     layers = list(text.layers)
@@ -204,6 +219,11 @@ def patch_model(
         n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native)
         for n in dict.fromkeys(names)
     }
+    allocations = {n: g.allocation for n, g in geometries.items()}
+    if restoring:
+        persist.check_restored(saved, names, allocations, sections)
+    persist.record(inner.config, design=design, age=age, allocation=allocation, options=per_design,
+                   layers=names, allocations=allocations, sections=sections)
     vcfg = getattr(inner.config, "vision_config", None)
     state = _State(
         adapter=adapter,
@@ -242,6 +262,7 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None
     hooks.remove(text.rotary_emb, "forward")
     hooks.remove(inner, "compute_3d_position_ids")
     inner.__dict__.pop(_STATE_ATTR, None)
+    persist.erase(inner.config)
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:
