@@ -365,3 +365,72 @@ def test_qwen2_vl_rope_scaling_gives_the_stock_logits(kind):
         patch_model(model, "mrope", continuation="spatial")  # transformers 5.x M-RoPE
         out = model(**inputs).logits
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# LLaVA-OneVision: base-grid images (several per sample), each followed by a newline token
+
+
+@pytest.fixture(scope="module")
+def onevision():
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+    cfg = LlavaOnevisionConfig(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=2 * SIDE, patch_size=2),
+        text_config=dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, vocab_size=80),
+        image_token_id=IMG, video_token_id=71, vision_feature_layer=-1,
+        image_grid_pinpoints=[[2 * SIDE, 2 * SIDE], [2 * SIDE, 4 * SIDE]],
+    )
+    torch.manual_seed(0)
+    m = LlavaOnevisionForConditionalGeneration(cfg).eval()
+    m.generation_config.pad_token_id = PAD
+    m.generation_config.eos_token_id = None
+    m.generation_config.suppress_tokens = [IMG, 71]
+    yield m
+    if is_patched(m):
+        unpatch_model(m)
+
+
+def _onevision_batch():
+    per = SIDE * SIDE + 1  # the grid, then a newline token
+    ids = torch.tensor([[5, 6] + [IMG] * per + [7] + [IMG] * per + [8, 9]])
+    layout = Layout([Text(2), Image(SIDE, SIDE), Text(2), Image(SIDE, SIDE), Text(3)])
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                  pixel_values=torch.randn(2, 1, 3, 2 * SIDE, 2 * SIDE, generator=g),
+                  image_sizes=torch.tensor([[2 * SIDE, 2 * SIDE]] * 2), batch_num_images=torch.tensor([2]))
+    return inputs, layout
+
+
+def test_onevision_base_grids(onevision):
+    inputs, layout = _onevision_batch()
+    try:
+        with torch.no_grad():
+            ref = onevision(**inputs).logits
+            gref = onevision.generate(**inputs, max_new_tokens=3, do_sample=False)
+            patch_model(onevision, "vanilla")
+            assert torch.equal(onevision(**inputs).logits, ref)
+            assert torch.equal(onevision.generate(**inputs, max_new_tokens=3, do_sample=False), gref)
+            patch_model(onevision, "circle", age="alternate")
+            onevision(**inputs)
+        got = last_positions(onevision)
+        assert torch.equal(got[0][:, 0], ropekit.positions(layout, "circle").T)
+        assert torch.equal(got[1][:, 0], ropekit.positions(layout, "mrope").T)
+        _generate_and_replay(onevision, inputs)
+    finally:
+        unpatch_model(onevision)
+
+
+def test_onevision_refuses_tiled_images_and_videos(onevision):
+    inputs, _ = _onevision_batch()
+    patch_model(onevision, "mrope")
+    try:
+        tiled = dict(inputs, batch_num_images=torch.tensor([1]))  # one image per sample: anyres tiles
+        with pytest.raises(ValueError, match="only base-grid images.*anyres"):
+            onevision(**tiled)
+        with pytest.raises(ValueError, match="videos are not supported"):
+            onevision(input_ids=torch.tensor([[5] + [71] * 4]), pixel_values_videos=torch.randn(1, 1, 3, 4, 4))
+    finally:
+        unpatch_model(onevision)

@@ -73,18 +73,22 @@ class Llava(Adapter):
         return image_runs(types, side, cls)
 
 
-def image_runs(types: torch.Tensor, side: int, cls: int) -> tuple[torch.Tensor, torch.Tensor]:
+def image_runs(types: torch.Tensor, side: int, cls: int, newline: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Split the image tokens (type 1, in batch-row order, as the model fills them) into images of
-    ``cls + side²`` tokens; a leading CLS token of each becomes text. Returns (types, image_grid_thw)."""
-    per = side * side + cls
+    ``cls + side² + newline`` tokens; a leading CLS token and a trailing newline token of each become text.
+    Returns (types, image_grid_thw)."""
+    per = side * side + cls + newline
     is_image = (types == 1).reshape(-1)
     count = int(is_image.sum())
     if count % per:
+        extra = (" + CLS" if cls else "") + (" + newline" if newline else "")
         raise ValueError(
             f"patched model: {count} image tokens are not a whole number of images of {per} tokens "
-            f"({side}x{side} patches{' + CLS' if cls else ''}, from the vision config); give {per} image tokens per image"
+            f"({side}x{side} patches{extra}, from the vision config); give {per} image tokens per image"
         )
+    order = is_image.long().cumsum(0) - 1
     if cls:
-        order = is_image.long().cumsum(0) - 1
         types = types.masked_fill((is_image & (order % per == 0)).view_as(types), 0)
+    if newline:
+        types = types.masked_fill((is_image & (order % per == per - 1)).view_as(types), 0)
     return types, torch.tensor([[1, side, side]]).repeat(count // per, 1)
