@@ -228,7 +228,7 @@ def test_age_generation_keeps_one_offset_per_geometry(clip, pair):
 # training
 
 
-@pytest.mark.parametrize("design", ["circle", "vrope", "mrope", "rope2d"])
+@pytest.mark.parametrize("design", ["circle", "rope2d"])
 def test_training_step(llava, design):
     inputs, _ = make_batch(llava, pad="right")
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100).masked_fill(
@@ -330,12 +330,12 @@ def test_llava_rope_scaling_gives_the_stock_logits(kind):
     inputs, _ = make_batch(model, [[("T", 3), ("I",), ("T", 6), ("I",), ("T", 2)]])
     with torch.no_grad():
         ref = model(**inputs).logits
-        gref = model.generate(**inputs, max_new_tokens=6, do_sample=False, output_logits=True,
+        gref = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_logits=True,
                               return_dict_in_generate=True)
         short = model(input_ids=inputs["input_ids"][:, :5]).logits  # dynamic NTK goes back below the original
         patch_model(model, "vanilla")
         out = model(**inputs).logits
-        gout = model.generate(**inputs, max_new_tokens=6, do_sample=False, output_logits=True,
+        gout = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_logits=True,
                               return_dict_in_generate=True)
         short_out = model(input_ids=inputs["input_ids"][:, :5]).logits
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
