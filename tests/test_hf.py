@@ -527,9 +527,9 @@ def test_errors(qwen2):
         patch_model(qwen2, "vrope", age="sometimes")
     with pytest.raises(ValueError, match="does not fit.*allocation '1d'"):
         patch_model(qwen2, "mrope", allocation="1d")
-    with pytest.raises(ValueError, match="rope_type"):
-        cfg = _qwen2_cfg(1)
-        cfg.text_config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6,
+    with pytest.raises(ValueError, match="rope_parameters cannot be applied.*factor"):  # scaling types are honoured,
+        cfg = _qwen2_cfg(1)                                                          # malformed ones refused
+        cfg.text_config.rope_parameters = {"rope_type": "linear", "factor": -2.0, "rope_theta": 1e6,
                                            "mrope_section": SECTIONS}
         patch_model(Qwen2VLModel(cfg), "mrope")
     with pytest.raises(ValueError, match="not patched"):

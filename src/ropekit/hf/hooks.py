@@ -12,6 +12,7 @@ place its tokens itself).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import torch
@@ -147,6 +148,36 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
 
 
+def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
+    """1-D families (LLaVA): place the tokens from the forward's own arguments, then run the stock forward.
+
+    The family's adapter reads the image tokens' grids off its vision config; explicit ``position_ids``
+    are honoured as given (no placement this forward).
+    """
+    given = inspect.signature(type(hook.owner).forward).bind_partial(hook.owner, *args, **kwargs).arguments
+    given.update(given.pop("kwargs", {}))
+    state = hook.state
+    if given.get("position_ids") is not None:
+        state.pending = None
+        return hook.call_previous(*args, **kwargs)
+    input_ids, embeds = given.get("input_ids"), given.get("inputs_embeds")
+    ref = embeds if embeds is not None else input_ids
+    if input_ids is not None:
+        types = st.token_types(state, input_ids, None, *ref.shape[:2], ref.device)
+    else:
+        types = _types_from_embeddings(hook, embeds)
+    types, grids = state.adapter.vision_inputs(hook.owner, types, given)
+    # with the token types given, only the shape and device of `inputs_embeds` are read
+    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, attention_mask=given.get("attention_mask"),
+                            past_key_values=given.get("past_key_values"), mm_token_type_ids=types)
+    return hook.call_previous(*args, **kwargs)
+
+
+def no_generation_position_ids(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
+    """1-D families: ``generate`` passes no position ids, so the patched forward places every token itself."""
+    return None
+
+
 def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
     """Place the prompt while ``generate`` still holds the grids; the model places every later token.
 
@@ -215,7 +246,8 @@ def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _
     with torch.no_grad():
         for name, geo in state.geometries.items():
             pos = pending[name].to(x.device, torch.float32)
-            c, s = cos_sin(angles(pos.permute(1, 2, 0), geo.W.to(x.device)))
+            W = st.frequencies(state, name, pos)
+            c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(x.device)))
             # the model's own apply uses rotate-half tables, so each half repeats the pair's value
             cos = torch.cat([c, c], dim=-1) * state.scaling
             sin = torch.cat([s, s], dim=-1) * state.scaling

@@ -1,4 +1,4 @@
-"""ropekit position designs, allocations and AGE schedules inside Hugging Face Qwen-VL models.
+"""ropekit position designs, allocations and AGE schedules inside Hugging Face Qwen-VL and LLaVA models.
 
 :func:`patch_model` rewires one model *instance* (never the transformers classes) so that
 
@@ -26,6 +26,7 @@ from ..age import age_schedule
 from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
+from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config
 from .adapters import ADAPTERS, Adapter
 from . import hooks, persist
 from .state import _Geometry, _State
@@ -58,7 +59,8 @@ def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module,
         )
     adapter = ADAPTERS[mtype]
     top, inner, text = adapter.parts(model)
-    if not hasattr(inner, "compute_3d_position_ids") or text is None or not hasattr(text, "rotary_emb"):
+    hooked = "forward" if adapter.one_d else "compute_3d_position_ids"
+    if not hasattr(inner, hooked) or text is None or not hasattr(text, "rotary_emb"):
         raise ValueError(
             f"patch_model: {type(model).__name__} is not a supported multimodal model; pass the "
             f"...ForConditionalGeneration or the bare ...Model of: {supported}"
@@ -122,7 +124,7 @@ def _pick(spec: Any, name: str) -> Any:
 
 def _geometry(
     name: str, options: dict, allocation: Optional[str], head_dim: int, base: float, sections: Sequence[int],
-    native: str,
+    native: str, scaling: Any = None,
 ) -> _Geometry:
     d = get_design(name)
     check_options(d, options)
@@ -142,7 +144,26 @@ def _geometry(
             f"cannot apply (their rotary tables are shared by all heads); pass allocation='mrope-interleave' "
             f"for its positions with a shared allocation, or use ropekit.RoPE for per-head rotation"
         )
-    return _Geometry(name, dict(options), alloc, W)
+    if scaling is None or scaling.rope_type == "default":
+        return _Geometry(name, dict(options), alloc, W, dim=head_dim, base=base)
+    if scaling.depends_on_length:  # rescaled each forward from its length (hooks → state.frequencies)
+        return _Geometry(name, dict(options), alloc, W, scaling=scaling, dim=head_dim, base=base)
+    return _Geometry(name, dict(options), alloc, scale_frequencies(W, scaling, base=base, dim=head_dim)[0],
+                     dim=head_dim, base=base)
+
+
+def _check_sections(sections: Any, head_dim: int) -> list[int]:
+    """``sections=``: frequency pairs per axis of a multi-axis design, summing to ``head_dim / 2``."""
+    if isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sections
+    ):
+        raise TypeError(f"patch_model: `sections` must be a list of non-negative ints (pairs per axis), got {sections!r}")
+    if sum(sections) != head_dim // 2:
+        raise ValueError(
+            f"patch_model: `sections` {list(sections)} sum to {sum(sections)} but the model rotates "
+            f"{head_dim // 2} frequency pairs per head (rotary dim {head_dim}); make them sum to {head_dim // 2}"
+        )
+    return list(sections)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -156,9 +177,10 @@ def patch_model(
     age: Union[None, str, Sequence[Union[bool, str]]] = None,
     allocation: Union[None, str, Mapping[str, str]] = None,
     options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    sections: Optional[Sequence[int]] = None,
     **design_options: Any,
 ) -> nn.Module:
-    """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance use ropekit positions and rotations.
+    """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / LLaVA instance use ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one
@@ -166,7 +188,11 @@ def patch_model(
     and the others the second design (M-RoPE by default). ``allocation`` overrides the frequency
     layout (a name, or a mapping design → name); by default each design uses its own, and 3-axis
     designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, interleaved on
-    Qwen3-VL) with the model's ``mrope_section``. ``design_options`` go to ``design`` (the first of a
+    Qwen3-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
+    per axis, summing to the rotary half-dim). On LLaVA (a 1-D language model) 3-axis designs default to
+    chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling
+    (``rope_parameters``: linear, dynamic, yarn, longrope, llama3) is applied to every geometry's
+    frequencies, with its attention factor. ``design_options`` go to ``design`` (the first of a
     pair); ``options`` maps any design name to its options. Patching again replaces the old patch.
     Returns ``model`` (patched in place).
 
@@ -177,14 +203,15 @@ def patch_model(
     top, inner, text, adapter = _parts(model)
     restoring = design is _FROM_CONFIG
     if restoring:
-        if age is not None or allocation is not None or options is not None or design_options:
+        if age is not None or allocation is not None or options is not None or sections is not None or design_options:
             raise TypeError(
-                "patch_model: age/allocation/options were given without a design; pass the design too, or "
+                "patch_model: age/allocation/options/sections were given without a design; pass the design too, or "
                 "nothing at all to restore the patch recorded in model.config.ropekit"
             )
         restored = persist.arguments(model, inner.config)
         saved = dict(getattr(inner.config, persist.CONFIG_KEY))
         design, age, allocation, options = (restored[k] for k in ("design", "age", "allocation", "options"))
+    adapter.check(inner)
     if is_patched(inner):
         _remove(top, inner, text)
     layers = list(text.layers)
@@ -207,16 +234,18 @@ def patch_model(
 
     tcfg = text.config
     rope = dict(getattr(tcfg, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(
-            f"patch_model: the model uses rope_type={rope.get('rope_type')!r}; ropekit replaces the rotary "
-            f"embedding and supports only rope_type='default'"
-        )
-    head_dim = int(layers[0].self_attn.head_dim)
-    sections, native = adapter.sections(rope, head_dim // 2), adapter.native_allocation
+    try:
+        scaling = parse_scaling(scaling_from_config(tcfg))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"patch_model: the model's rope_parameters cannot be applied: {e}") from None
+    head_dim = adapter.rotary_dim(text)
+    native = adapter.native_allocation
+    sections = adapter.sections(rope, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
+    if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
+        sections = _check_sections(saved["sections"], head_dim)
     base = float(rope.get("rope_theta", 10000.0))
     geometries = {
-        n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native)
+        n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native, scaling)
         for n in dict.fromkeys(names)
     }
     allocations = {n: g.allocation for n, g in geometries.items()}
@@ -229,18 +258,22 @@ def patch_model(
         adapter=adapter,
         geometries=geometries,
         layer_geometry=names,
-        scaling=float(getattr(text.rotary_emb, "attention_scaling", 1.0)),
-        merge=int(getattr(vcfg, "spatial_merge_size", 2)),
+        scaling=attention_factor(scaling),
+        merge=adapter.merge(vcfg),
         tokens_per_second=adapter.tokens_per_second(vcfg),
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
     )
-    hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
+    if adapter.one_d:
+        hooks.install(inner, "forward", hooks.lm_forward, state)
+    else:
+        hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
-        hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state)
+        prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
+        hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)
     inner.__dict__[_STATE_ATTR] = state
     return model
 
@@ -261,6 +294,7 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None
         hooks.remove(layer, "forward")
     hooks.remove(text.rotary_emb, "forward")
     hooks.remove(inner, "compute_3d_position_ids")
+    hooks.remove(inner, "forward")
     inner.__dict__.pop(_STATE_ATTR, None)
     persist.erase(inner.config)
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from ..index import rope_index
+from ..rotations.scaling import scale_frequencies
 from .adapters import Adapter
 
 FOLLOW = 64  # text tokens placed ahead at the prompt; eager decoding doubles the table when it runs past
@@ -27,6 +28,9 @@ class _Geometry:
     options: dict
     allocation: str
     W: torch.Tensor
+    scaling: Any = None  # a ropekit Scaling whose frequencies follow the sequence length (dynamic, longrope)
+    dim: int = 0  # rotary channels W's spectrum comes from
+    base: float = 10000.0
 
 
 @dataclass
@@ -56,6 +60,7 @@ class _State:
     pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
     stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
     last: dict[int, torch.Tensor] = field(default_factory=dict)
+    seen: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)  # dynamic NTK: (length, W) per geometry
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,3 +272,33 @@ def _read(table: torch.Tensor, after: torch.Tensor, new: torch.Tensor, k: int) -
         slope = (t[:, :, -1] - t[:, :, -2])[:, :, None]
         pos = pos + (after - idx)[None].to(pos.dtype) * slope
     return pos.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass
+
+
+# --------------------------------------------------------------------------------------------------
+# frequencies that follow the sequence length
+
+
+def frequencies(state: _State, name: str, positions: torch.Tensor) -> torch.Tensor:
+    """The frequency matrix geometry ``name`` rotates ``positions`` with in this forward.
+
+    Fixed unless the model's rope scaling follows the length ``max position + 1``, as transformers does:
+    LongRoPE takes its long factors past the original context; dynamic NTK grows its base when the length
+    passes the largest seen so far and goes back to the original frequencies below the original context.
+    """
+    geo = state.geometries[name]
+    s = geo.scaling
+    if s is None:
+        return geo.W
+    length = int(positions.max()) + 1 if positions.numel() else 1
+    if s.rope_type == "longrope":
+        return scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=length)[0]
+    original = int(s.params["max_position_embeddings"])
+    seen, W = state.seen.get(name, (original, None))
+    if length > seen:
+        seen, W = length, scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=length)[0]
+    elif length < original and seen > original:
+        seen, W = original, None
+    if W is None:  # the original length: the base change is the identity
+        W = scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=original)[0]
+    state.seen[name] = (seen, W)
+    return W

@@ -17,11 +17,23 @@ class Adapter:
     model_type: str = ""
     native_allocation: str = "mrope"  # the frequency layout of a 3-axis design in this family
     default_sections: tuple[int, ...] = (16, 24, 24)  # mrope_section when the config has none
+    one_d: bool = False  # the language model takes 1-D position ids (no compute_3d_position_ids to hook)
 
     def parts(self, model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module]:
         """(generation wrapper or None, bare multimodal model, text model) of ``model``."""
         top, inner = (model, model.model) if hasattr(model, "lm_head") and hasattr(model, "model") else (None, model)
         return top, inner, getattr(inner, "language_model", None)
+
+    def check(self, inner: nn.Module) -> None:
+        """Refuse, at patch time, a model whose layout this family's adapter cannot place."""
+
+    def rotary_dim(self, text: nn.Module) -> int:
+        """Channels per head the model rotates (the head dim, less under partial rotary)."""
+        return int(text.layers[0].self_attn.head_dim)
+
+    def merge(self, vision_config: Any) -> int:
+        """Patches merged per token side (the grid given to the design is divided by this)."""
+        return int(getattr(vision_config, "spatial_merge_size", 2))
 
     def sections(self, rope: dict, half: int) -> list[int]:
         """The model's ``mrope_section`` as ropekit sections (summing to ``half`` frequency pairs)."""
@@ -34,3 +46,8 @@ class Adapter:
     def video_grids(self, video_grid_thw: Any) -> Any:
         """The video grids ropekit places (a family may split a video into per-frame grids)."""
         return video_grid_thw
+
+    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any]:
+        """1-D families: (token types, image_grid_thw) of one forward, from the image tokens ``types`` marks
+        (1) and the model's vision config; ``kwargs`` are the forward's arguments."""
+        raise NotImplementedError
