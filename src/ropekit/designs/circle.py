@@ -75,42 +75,45 @@ def _basis(text_vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return u, torch.linalg.cross(n, u)
 
 
-def _rings(h: torch.Tensor, w: torch.Tensor, *, alpha, radius, k, measure, u, v) -> torch.Tensor:
-    """Ring coordinates of many ``h × w`` grids, concatenated ``(Σ h·w, 3)`` float64, axes (t, h, w).
+def _rings(h: torch.Tensor, w: torch.Tensor, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring coordinates of many ``h × w`` grids, concatenated ``(Σ h·w, 3)`` float64 on axes (t, h, w), and
+    each grid's largest coordinate ``(G,)``.
 
-    Every step is elementwise or a per-grid min/max, so each grid's ring is the one it would get alone.
+    Every token-sized step is elementwise or a per-grid min/max, so each grid's ring is exactly the one it
+    would get alone; whatever depends on the grid only is computed once per grid.
     """
     lengths = h * w
     row_grid, _, row_index, token_row, token_col = block_rows(torch.ones_like(h), h, w)
-    grid, idx = ragged_arange(lengths)
-    # eqs. 2–3: centre at the midpoint of the extent ((w−1)/2, (h−1)/2); + 0.0 turns -0.0 into +0.0
-    x = token_col.to(torch.float64) - (w[grid] - 1).to(torch.float64) / 2 + 0.0
-    y = (row_index.to(torch.float64) - (h[row_grid] - 1).to(torch.float64) / 2 + 0.0)[token_row]
-
-    def per_grid(values: torch.Tensor, reduce: str) -> torch.Tensor:
-        return torch.segment_reduce(values, reduce, lengths=lengths)[grid]
-
-    # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π] within each grid
+    grid = row_grid[token_row]
+    # eqs. 2–3: centre at the midpoint of the extent, ((w−1)/2, (h−1)/2); x − x is +0.0, so no −0.0 arises
+    cx, cy = (w - 1).to(torch.float64) / 2, (h - 1).to(torch.float64) / 2
+    x = token_col.to(torch.float64) - cx[grid]
+    y = (row_index.to(torch.float64) - cy[row_grid])[token_row]
+    # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π] within each grid (a 1 × 1 grid: 0)
     theta = torch.atan2(y, x)
-    low = per_grid(theta, "min")
-    span = per_grid(theta, "max") - low
-    sa = torch.where(span > 0, (theta - low) / span * 2 * math.pi, 0.0)
+    low = torch.segment_reduce(theta, "min", lengths=lengths)
+    span = torch.segment_reduce(theta, "max", lengths=lengths) - low
+    span = torch.where(span > 0, span, 1.0)  # only a single token has no span, and its θ − θmin is 0
+    sa = (theta - low[grid]) / span[grid] * (2 * math.pi)  # × 2π is × 2 then × π: doubling is exact
     # eq. 7: grid-index angle; eq. 8: mix
-    ga = idx.to(torch.float64) / lengths[grid].to(torch.float64) * 2 * math.pi
+    first = (lengths.cumsum(0) - lengths)[grid]
+    ga = (torch.arange(len(grid), dtype=torch.float64) - first) / lengths[grid].to(torch.float64) * (2 * math.pi)
     mixed = alpha * sa + (1 - alpha) * ga
-    # eq. 9 (l2) or the reference code's max |coordinate|
-    reach = torch.sqrt(x * x + y * y) if measure == "l2" else torch.maximum(x.abs(), y.abs())
-    spread = torch.segment_reduce(reach, "max", lengths=lengths) if len(h) else reach
+    # eq. 9 (l2) or the reference code's max |coordinate|: both largest at a corner of the centred grid
+    spread = torch.sqrt(cx * cx + cy * cy) if measure == "l2" else torch.maximum(cx, cy)
     if radius == "auto":
         R = k * spread
         bad = ~(R <= _FLOAT32_MAX)
         if bad.any():
             _radius(radius, k, float(spread[bad.nonzero()[0, 0]]))  # raises, naming `k`
+        R = R[grid]
     else:
-        R = torch.full_like(spread, _radius(radius, k, 0.0))
-    R = R[grid]
-    # eq. 12, with the components (first, second, third) on the axes (w, h, t)
-    return (R * torch.cos(mixed))[:, None] * u.flip(0) + (R * torch.sin(mixed))[:, None] * v.flip(0)
+        R = _radius(radius, k, 0.0)
+    # eq. 12, with the components (first, second, third) on the axes (w, h, t); built axis by axis as
+    # (3, Σ h·w), so that every operation runs on contiguous vectors
+    a, b = R * torch.cos(mixed), R * torch.sin(mixed)
+    ring = torch.stack([a * u[2 - i] + b * v[2 - i] for i in range(3)])
+    return ring.T, torch.segment_reduce(ring.amax(dim=0), "max", lengths=lengths)
 
 
 def ring_offsets(
@@ -128,7 +131,7 @@ def ring_offsets(
     grid = Image(h, w)  # checks h and w
     check_token_count(grid.num_tokens, "ring_offsets")
     u, v = _basis(n)
-    return _rings(torch.tensor([h]), torch.tensor([w]), alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
+    return _rings(torch.tensor([h]), torch.tensor([w]), alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)[0]
 
 
 def circle_blocks(
@@ -153,13 +156,16 @@ def circle_blocks(
         return torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64), None, gap
     grids, grid_of_block = torch.unique(torch.stack([h, w], 1), dim=0, return_inverse=True)
     u, v = _basis(n)
-    rings = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
+    rings, ring_top = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
     ring_start = _exclusive_cumsum(grids[:, 0] * grids[:, 1])
     row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
     row_first = ring_start[grid_of_block[row_block]] + row_index * w[row_block]  # ring index of each row's first token
-    shift = row_frame.to(torch.float64) * interval[row_block]  # f·Δt of each frame row
-    offsets = rings.index_select(0, row_first[token_row] + token_col) + shift[token_row, None]
-    top = torch.segment_reduce(offsets.amax(dim=1), "max", lengths=t * h * w)
+    offsets = rings.T.index_select(1, row_first[token_row] + token_col)  # (3, Σ n): contiguous per axis
+    if bool((t > 1).any()):  # frame f moves by f·Δt on every axis
+        offsets += (row_frame.to(torch.float64) * interval[row_block])[token_row]
+    offsets = offsets.T
+    # Δt >= 0 and rounding is monotonic: the largest coordinate is the last frame's ring maximum
+    top = (t - 1).to(torch.float64) * interval + ring_top[grid_of_block]
     return offsets, (top + 1.0)[:, None].expand(-1, 3).contiguous(), None, gap
 
 
