@@ -481,6 +481,7 @@ def test_hope_draws_per_sample_from_its_generator_only():
     ("v2pe", {"visual_stride": float("inf")}, "visual_stride"),
     ("mmrope", {"position_scale": (1.0, 2.0)}, "position_scale"),
     ("mmrope", {"position_scale": (1.0, 0.0, 1.0)}, "position_scale"),
+    ("mmrope", {"position_scale": ":"}, "position_scale"),  # a string of non-numbers (found by hypothesis)
 ])
 def test_bad_options_fail_clearly(design, opts, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -24,7 +24,7 @@ __all__ = ["mmrope", "mmrope_blocks"]
 def _check_scale(position_scale) -> tuple[float, float, float]:
     try:
         vals = tuple(float(v) for v in position_scale)
-    except TypeError:
+    except (TypeError, ValueError):  # not numbers, or strings that are not numbers
         vals = ()
     if len(vals) != 3 or not all(math.isfinite(v) and v > 0 for v in vals):
         raise ValueError(f"mmrope: `position_scale` must be three finite numbers > 0 (σ_t, σ_h, σ_w), "
