@@ -482,6 +482,8 @@ def test_hope_draws_per_sample_from_its_generator_only():
     ("mmrope", {"position_scale": (1.0, 2.0)}, "position_scale"),
     ("mmrope", {"position_scale": (1.0, 0.0, 1.0)}, "position_scale"),
     ("mmrope", {"position_scale": ":"}, "position_scale"),  # a string of non-numbers (found by hypothesis)
+    ("v2pe", {"visual_stride": 1e39}, "visual_stride"),  # beyond float32 (found by hypothesis)
+    ("videorope", {"temporal_stride": 10**400}, "temporal_stride"),  # an int too large for a float
 ])
 def test_bad_options_fail_clearly(design, opts, match):
     with pytest.raises((ValueError, TypeError), match=match):

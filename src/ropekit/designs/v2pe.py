@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..layout import Layout, Segment
+from ..layout import _FLOAT32_MAX, Layout, Segment
 from ._common import frame_rows
 from .registry import ragged_arange, register, walk
 
@@ -25,8 +25,9 @@ __all__ = ["v2pe", "v2pe_blocks"]
 
 
 def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"v2pe: `{name}` must be a finite number > 0, got {value!r}")
+    # compared, not converted: a huge int must be refused, not overflow float()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _FLOAT32_MAX:
+        raise ValueError(f"v2pe: `{name}` must be a number > 0 within the float32 range, got {value!r}"[:300])
     return float(value)
 
 

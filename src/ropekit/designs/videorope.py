@@ -13,12 +13,11 @@ Pair with the ``"videorope"`` allocation (low-frequency temporal allocation).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
-from ..layout import Layout, Segment
+from ..layout import _FLOAT32_MAX, Layout, Segment
 from ._common import frame_rows
 from .registry import register, walk
 
@@ -26,8 +25,9 @@ __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
 
 
 def _check_positive(value: float, name: str, design: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{design}: `{name}` must be a finite number > 0, got {value!r}")
+    # compared, not converted: a huge int must be refused, not overflow float()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _FLOAT32_MAX:
+        raise ValueError(f"{design}: `{name}` must be a number > 0 within the float32 range, got {value!r}"[:300])
     return float(value)
 
 
