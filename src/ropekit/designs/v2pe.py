@@ -41,10 +41,10 @@ def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_s
         return ((k + 1).to(torch.float64) * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
     stride = _positive(visual_stride, "visual_stride")
     seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "v2pe")
-    per_row = torch.stack([frame * math.ceil(stride), row * w.to(torch.float64).index_select(0, seg) + 1.0,
+    per_row = torch.stack([frame * float(math.ceil(stride)), row * w.to(torch.float64).index_select(0, seg) + 1.0,
                            stride / (h * w).to(torch.float64).index_select(0, seg)], dim=1).index_select(0, token_row)
     offsets = per_row[:, 0] + (per_row[:, 1] + col) * per_row[:, 2] - 1.0  # frame start + i·S/n − 1
-    return offsets[:, None], (t.to(torch.float64) * math.ceil(stride))[:, None]
+    return offsets[:, None], (t.to(torch.float64) * float(math.ceil(stride)))[:, None]
 
 
 @register(
