@@ -368,4 +368,4 @@ def test_age_schedule_fails_cleanly(schedule, layers, pair):
 def test_get_design_fails_cleanly(name):
     d = fails_cleanly(lambda: get_design(name), "`design`", "unknown design")
     if d is not None:
-        assert d.name in DESIGNS and re.fullmatch(r"[a-z0-9_]+", d.name)
+        assert d.name in DESIGNS and re.fullmatch(r"[a-z0-9_]+(-[a-z0-9_]+)*", d.name)
