@@ -2,10 +2,19 @@
 
 Batches of long multimodal samples (2k–8k tokens, several images and videos each, right padded).
 The outputs are asserted identical before anything is timed.
+
+Circle-RoPE (:func:`bench_circle`): a batch of 32 samples of at most 4k tokens with 2–3 images and one
+video each, ropekit's ``circle`` against its own ``mrope`` and transformers' ``get_rope_index`` on the
+same batch, and against the public Circle-RoPE index function of the Multimodal-RoPEs repository when
+the environment variable ``ROPEKIT_PEER_MULTIMODAL_ROPES`` names a checkout of it (the directory that
+holds its ``multimodal_ropes`` package). Nothing of that code is part of ropekit; without the variable
+the peer column is left out.
 """
 from __future__ import annotations
 
+import os
 import random
+import sys
 import warnings
 
 import torch
@@ -92,6 +101,137 @@ def bench_batch(batch: int, *, repeat: int, model=None) -> dict:
     }
 
 
+PEER_ENV = "ROPEKIT_PEER_MULTIMODAL_ROPES"
+VISION_START, IMAGE_ID, VIDEO_ID = 1, 2, 3  # token ids the peer looks for; ordinary text ids are 10–49
+#: ropekit's circle options that match the peer's ``radius="auto"`` with ``move_to_origin=True``
+CIRCLE_OPTIONS = dict(radius="auto", k=1.0, measure="max_abs", alpha=0.5)
+
+
+def make_circle_batch(batch: int, seed: int = 0, max_len: int = 4096) -> dict:
+    """``batch`` right-padded samples of at most ``max_len`` tokens: text runs, 2–3 images and one video in a
+    random order. The video is laid out as Qwen3-VL does (and as the public Circle-RoPE code expects): each
+    frame is a block of its own after a timestamp token; every block follows a vision-start token."""
+    rng = random.Random(seed)
+    rows, ids, images, videos = [], [], [], []
+    while len(rows) < batch:
+        grids = [("image", 1, 2 * rng.randint(6, 28), 2 * rng.randint(6, 28)) for _ in range(rng.randint(2, 3))]
+        grids.append(("video", rng.randint(4, 16), 2 * rng.randint(4, 14), 2 * rng.randint(4, 14)))
+        rng.shuffle(grids)
+        row, tok, img, vid = [], [], [], []
+        for kind, t, h, w in grids:
+            row += [0] * rng.randint(8, 160)
+            for f in range(t if kind == "video" else 1):
+                if f:
+                    row.append(0)  # the frame's timestamp
+                row.append(0)  # vision start
+                tok += [rng.randint(10, 49) for _ in range(len(row) - len(tok) - 1)] + [VISION_START]
+                n = h * w // MERGE**2
+                row += [1 if kind == "image" else 2] * n
+                tok += [IMAGE_ID if kind == "image" else VIDEO_ID] * n
+                (img if kind == "image" else vid).append([1, h, w])
+        row += [0] * rng.randint(8, 160)
+        tok += [rng.randint(10, 49) for _ in range(len(row) - len(tok))]
+        if len(row) <= max_len:
+            rows.append(row), ids.append(tok), images.extend(img), videos.extend(vid)
+    length = max(map(len, rows))
+    types, input_ids, mask = (torch.zeros(batch, length, dtype=torch.long) for _ in range(3))
+    for b, (row, tok) in enumerate(zip(rows, ids)):
+        types[b, : len(row)], input_ids[b, : len(row)], mask[b, : len(row)] = torch.tensor(row), torch.tensor(tok), 1
+    return dict(input_ids=input_ids, mm_token_type_ids=types, attention_mask=mask,
+                image_grid_thw=torch.tensor(images, dtype=torch.long), video_grid_thw=torch.tensor(videos, dtype=torch.long))
+
+
+def _peer_circle():
+    """The public Circle-RoPE index function bound to a minimal model stand-in, or None without a checkout."""
+    root = os.environ.get(PEER_ENV)
+    if not root:
+        return None
+    if not os.path.isdir(os.path.join(root, "multimodal_ropes")):
+        raise SystemExit(f"{PEER_ENV}={root!r}: no multimodal_ropes package there; point it at a checkout of "
+                         f"github.com/JJJYmmm/Multimodal-RoPEs")
+    sys.path.insert(0, root)
+    try:
+        from multimodal_ropes.configs.circlerope import CircleRopeConfig
+        from multimodal_ropes.pos_design.circlerope import get_circlerope_index
+    finally:
+        sys.path.remove(root)
+    from types import SimpleNamespace
+
+    cfg = CircleRopeConfig(dim=128, radius="auto", alpha=0.5, move_to_origin=True)
+    model = SimpleNamespace(config=SimpleNamespace(
+        vision_config=SimpleNamespace(spatial_merge_size=MERGE), image_token_id=IMAGE_ID,
+        video_token_id=VIDEO_ID, vision_start_token_id=VISION_START))
+    return lambda inputs: get_circlerope_index(model, extra_config=cfg, **inputs)
+
+
+def bench_circle(*, repeat: int, model=None, batch: int = 32) -> dict:
+    """rope_index(design="circle") against mrope and transformers on one batch, and the public code if given."""
+    from ropekit.index import rope_index
+
+    model = model or _hf_model()
+    inputs = make_circle_batch(batch, seed=batch)
+    cases = {
+        "transformers_mrope": lambda: model.get_rope_index(**inputs),
+        "ropekit_mrope": lambda: rope_index(**inputs, design="mrope", spatial_merge_size=MERGE),
+        "ropekit_circle": lambda: rope_index(**inputs, design="circle", spatial_merge_size=MERGE, **CIRCLE_OPTIONS),
+    }
+    peer = _peer_circle()
+    mask = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        ours = cases["ropekit_circle"]()[0]
+        check_positions("circle", inputs, ours, **CIRCLE_OPTIONS)
+        r = {"batch": batch, "tokens": int(mask.sum()), "seq_len_max": int(mask.sum(1).max()),
+             "images": len(inputs["image_grid_thw"]), "video_frames": len(inputs["video_grid_thw"]),
+             "circle_options": CIRCLE_OPTIONS, "peer": None}
+        if peer is not None:
+            cases["peer_circle"] = lambda: peer(inputs)
+            theirs = cases["peer_circle"]()[0]
+            r["peer"] = {"env": PEER_ENV, "max_abs_difference": float((theirs[:, mask] - ours[:, mask]).abs().max())}
+        t = timeit_many(cases, warmup=1, repeat=repeat)
+    circle = t["ropekit_circle"]["median_s"]
+    r.update(times=t, circle_vs_mrope=circle / t["ropekit_mrope"]["median_s"],
+             transformers_over_circle=t["transformers_mrope"]["median_s"] / circle)
+    if peer is not None:
+        r["peer_over_circle"] = t["peer_circle"]["median_s"] / circle
+    return r
+
+
+def check_positions(design: str, inputs: dict, pos: torch.Tensor, **options) -> None:
+    """``rope_index``'s positions of every sample against one :func:`ropekit.positions` call on its layout."""
+    from ropekit import Image, Layout, Text, Video, positions
+
+    types, mask = inputs["mm_token_type_ids"], inputs["attention_mask"].bool()
+    images, videos = iter(inputs["image_grid_thw"].tolist()), iter(inputs["video_grid_thw"].tolist())
+    for b in range(types.shape[0]):
+        kinds, counts = torch.unique_consecutive(types[b, mask[b]], return_counts=True)
+        segs = []
+        for kind, n in zip(kinds.tolist(), counts.tolist()):
+            if kind == 0:
+                segs.append(Text(n))
+                continue
+            grids = images if kind == 1 else videos
+            while n > 0:  # a run may hold several blocks back to back
+                t, h, w = next(grids)
+                segs.append(Image(h // MERGE, w // MERGE) if kind == 1 and t == 1 else Video(t, h // MERGE, w // MERGE))
+                n -= t * h * w // MERGE**2
+        if not torch.equal(pos[:, b, mask[b]], positions(Layout(segs), design, **options).T):
+            raise AssertionError(f"rope_index({design!r}) differs from positions() on sample {b}")
+
+
+def _log_circle(r: dict, log) -> None:
+    t = r["times"]
+    ms = {k: v["median_s"] * 1e3 for k, v in t.items()}
+    line = (f"rope_index circle batch {r['batch']} ({r['tokens']} tokens, {r['images']} images, "
+            f"{r['video_frames']} video frames): circle {ms['ropekit_circle']:.1f} ms, mrope {ms['ropekit_mrope']:.1f} ms "
+            f"(circle/mrope ×{r['circle_vs_mrope']:.2f}), transformers {ms['transformers_mrope']:.1f} ms "
+            f"(×{r['transformers_over_circle']:.1f})")
+    if r["peer"] is not None:
+        line += f", public Circle-RoPE {ms['peer_circle']:.1f} ms (×{r['peer_over_circle']:.1f})"
+    else:
+        line += f"; set {PEER_ENV} to time the public Circle-RoPE code"
+    log(line)
+
+
 def run(*, quick: bool = False, repeat: int = 5, log=print) -> list[dict]:
     out = []
     with warnings.catch_warnings():
@@ -105,4 +245,7 @@ def run(*, quick: bool = False, repeat: int = 5, log=print) -> list[dict]:
                 f"ropekit {r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms, ×{r['speedup']:.1f}"
             )
             out.append(r)
+        r = bench_circle(repeat=repeat, model=model)
+        _log_circle(r, log)
+        out.append({"circle": r})
     return out

@@ -49,6 +49,8 @@ def index_table(data: dict) -> str:
     rows = ["| batch | tokens | images | videos | transformers get_rope_index | ropekit rope_index | speed-up |",
             "|---|---|---|---|---|---|---|"]
     for r in data["results"]:
+        if "circle" in r:  # the Circle-RoPE comparison has a table of its own (docs/benchmarks.md)
+            continue
         rows.append(f"| {r['batch']} | {r['tokens']} | {r['images']} | {r['videos']} | "
                     f"{r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms | "
                     f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} |")

@@ -7,7 +7,8 @@ import torch
 
 import ropekit
 from ropekit.analysis.metrics import layout_ptd, ptd
-from ropekit.designs.circle import ring_offsets
+from ropekit.designs.circle import circle_blocks, ring_offsets
+from ropekit.designs.registry import get_design
 
 
 def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.0, 1.0)):
@@ -241,3 +242,48 @@ def test_options_whose_positions_overflow_float32_are_refused(opts, match):
 def test_huge_text_vector_still_gives_a_ring():
     big = ropekit.positions("T2 I3x3 T1", "circle", text_vector=(1e308, 1e308, 1e308))
     torch.testing.assert_close(big, ropekit.positions("T2 I3x3 T1", "circle"), rtol=0, atol=1e-5)
+
+
+def test_block_rule_places_each_frame_on_its_grids_reference_ring():
+    """The batched rule: frame f of every block is the per-token reference ring of its grid moved by f·Δt on
+    every axis (each distinct grid's ring is computed once and shared), the start advances by the block's
+    largest coordinate + 1, and the gap is Δ on every axis."""
+    assert get_design("circle").block_rule is circle_blocks
+    segs = [ropekit.Image(3, 4), ropekit.Video(3, 2, 2, 0.5), ropekit.Image(3, 4), ropekit.Image(1, 1),
+            ropekit.Video(2, 3, 4, 1.5), ropekit.Image(2, 2)]
+    opts = dict(alpha=0.3, radius="auto", k=1.7, measure="max_abs", delta=2.5)
+    offsets, advance, absolute, gap = circle_blocks(segs, **opts)
+    assert absolute is None and gap.tolist() == [2.5, 2.5, 2.5]
+    row = 0
+    for k, seg in enumerate(segs):
+        t, dt = (seg.t, seg.interval) if isinstance(seg, ropekit.Video) else (1, 0.0)
+        ring = torch.tensor(reference_ring(seg.h, seg.w, alpha=0.3, radius="auto", k=1.7, measure="max_abs"),
+                            dtype=torch.float64)
+        want = torch.cat([ring + f * dt for f in range(t)])
+        got = offsets[row: row + len(want)]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        assert torch.equal(advance[k], torch.full((3,), float(got.max()) + 1.0, dtype=torch.float64))
+        row += len(want)
+    assert row == offsets.shape[0]
+    empty = circle_blocks([], **opts)
+    assert empty[0].shape == (0, 3) and empty[1].shape == (0, 3)
+
+
+def test_positions_follow_a_token_by_token_walk_with_the_gap():
+    """positions(layout, "circle") against a Python walk: text on the diagonal from the running index p, block
+    i (1-based) centred at p + (i>1)·Δ, frame f at + f·Δt, and p after a block at its largest coordinate + 1."""
+    lay = ropekit.Layout.parse("T2 I2x3 T1 V3x2x2@0.7 I2x3 T4 I1x1 T1")
+    delta = 1.25
+    out, p, first = [], 0.0, True
+    for seg in lay:
+        if isinstance(seg, ropekit.Text):
+            out += [(p + i,) * 3 for i in range(seg.n)]
+            p += seg.n
+            continue
+        t, dt = (seg.t, seg.interval) if isinstance(seg, ropekit.Video) else (1, 0.0)
+        centre = p if first else p + delta
+        block = [tuple(centre + f * dt + c for c in tok) for f in range(t) for tok in reference_ring(seg.h, seg.w)]
+        out += block
+        p, first = max(max(tok) for tok in block) + 1.0, False
+    got = ropekit.positions(lay, "circle", delta=delta)
+    torch.testing.assert_close(got.double(), torch.tensor(out, dtype=torch.float64), rtol=1e-7, atol=1e-5)

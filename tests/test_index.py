@@ -524,7 +524,11 @@ def big_random_batch(seed, batch=6, pad="right", seconds=(1.0,)):
     ), torch.tensor(spg, dtype=torch.float32)
 
 
-INDEX_CASES = [(d, o, pad, holes) for d, o in RULE_CASES for pad, holes in (("right", False), ("left", True))]
+# circle: the rule's gap (every block after the first of its sample one more Δ further), auto radius, a tilted text vector
+CIRCLE_CASES = [("circle", {"delta": 1.5, "radius": "auto", "k": 1.2}),
+                ("circle", {"alpha": 0.3, "measure": "max_abs", "text_vector": (1.0, 2.0, 0.5), "delta": 0.75})]
+INDEX_CASES = [(d, o, pad, holes) for d, o in RULE_CASES + CIRCLE_CASES
+               for pad, holes in (("right", False), ("left", True))]
 
 
 @pytest.mark.parametrize("design,opts,pad,holes", INDEX_CASES)

@@ -141,6 +141,19 @@ def test_batched_index_equals_each_samples_positions(design, batch):
         assert delta[b, 0].item() == pytest.approx(expected, abs=1e-3)
 
 
+@budget(20)
+@given(batch=batches(), opts=st.deferred(lambda: circle_options()))
+def test_batched_circle_with_options_equals_each_samples_positions(batch, opts):
+    """Circle's block rule on a whole batch (gap Δ between the blocks of each sample, auto radius, intervals,
+    left or right padding) gives each sample exactly its own positions()."""
+    samples, pad, extra = batch
+    inputs = batch_inputs(samples, pad, extra)
+    pos, _ = rope_index(None, **inputs, design="circle", **opts)
+    mask = inputs["attention_mask"].bool()
+    for b, lay in enumerate(samples):
+        assert torch.equal(pos[:, b, mask[b]], positions(lay, "circle", **opts).T), (str(lay), opts)
+
+
 @st.composite
 def circle_options(draw):
     opts = {}
@@ -355,4 +368,4 @@ def test_age_schedule_fails_cleanly(schedule, layers, pair):
 def test_get_design_fails_cleanly(name):
     d = fails_cleanly(lambda: get_design(name), "`design`", "unknown design")
     if d is not None:
-        assert d.name in DESIGNS and re.fullmatch(r"[a-z0-9_-]+", d.name)  # canonical names: "mrope-i", "rope2d"
+        assert d.name in DESIGNS and re.fullmatch(r"[a-z0-9_]+(-[a-z0-9_]+)*", d.name)

@@ -494,6 +494,8 @@ def test_hope_draws_per_sample_from_its_generator_only():
     ("hope", {"scales": (1.0, 10**400), "generator": 0}, "`scales`"),
     ("hope", {"scales": (1.0,), "generator": 2**70}, "`generator`"),
     ("hope", {"scales": (1.0,), "generator": -1}, "`generator`"),
+    ("mmrope", {"position_scale": ":"}, "position_scale"),  # a string of non-numbers (found by hypothesis)
+    ("v2pe", {"visual_stride": 1e39}, "visual_stride"),  # beyond float32 (found by hypothesis)
 ])
 def test_bad_options_fail_clearly(design, opts, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -641,3 +643,10 @@ def test_patch_model_refuses_a_per_head_allocation_clearly():
         ropekit.patch_model(model, "mhrope")
     ropekit.patch_model(model, "mhrope", allocation="mrope-interleave")  # its positions with a shared allocation
     ropekit.unpatch_model(model)
+
+
+def test_v2pe_huge_visual_stride_within_float32_is_placed_or_refused_cleanly():
+    """⌈S⌉ of a stride near the float32 maximum is a huge int: it must not overflow the tensor maths."""
+    assert torch.equal(positions("T3", "v2pe", visual_stride=3.3e38), torch.arange(3.0)[:, None])
+    with pytest.raises(ValueError, match="v2pe"):
+        positions("T1 I2x2 T1 I2x2", "v2pe", visual_stride=3.3e38)

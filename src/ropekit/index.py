@@ -19,7 +19,7 @@ import torch
 
 from . import layout as _layout
 from .designs import positions
-from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
+from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes, unpack_placed
 from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
@@ -542,8 +542,7 @@ def _index_by_rule(
         seg_block[seg_vis] = block_of_grid[seg_grid[seg_vis]]
 
     # every distinct block placed once by the design's rule
-    placed = rule(blocks, **design_options)
-    offsets, advance = placed[0], placed[1]
+    offsets, advance, absolute, gap = unpack_placed(rule(blocks, **design_options))
     axes = advance.shape[1]
     block_len = torch.tensor([math.prod(k[:3]) for k in keys], dtype=torch.int64)
     if blocks:
@@ -556,13 +555,22 @@ def _index_by_rule(
     step[seg_text] = seg_len[seg_text].to(torch.float64)[:, None]
     step[seg_vis] = advance[seg_block[seg_vis]]
     per_sample = torch.bincount(seg_sample, minlength=batch)
-    rank = torch.arange(seg_len.numel()) - (per_sample.cumsum(0) - per_sample)[seg_sample]
-    steps = torch.zeros(batch, int(per_sample.max()) + 1, axes, dtype=torch.float64)
-    steps[seg_sample, rank + 1] = step
-    start = steps.cumsum_(dim=1)[seg_sample, rank]  # sequential sums, as the walk does them
+    sample_first = per_sample.cumsum(0) - per_sample
+    rank = torch.arange(seg_len.numel()) - sample_first[seg_sample]
+    if gap is None:
+        steps = torch.zeros(batch, int(per_sample.max()) + 1, axes, dtype=torch.float64)
+        steps[seg_sample, rank + 1] = step
+        start = steps.cumsum_(dim=1)[seg_sample, rank]  # sequential sums, as the walk does them
+    else:  # the gap before a vision segment is its own step, added just before it as the walk does
+        vis_before = _exclusive_cumsum(seg_vis.to(torch.int64))
+        later = seg_vis & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
+        steps = torch.zeros(batch, 2 * int(per_sample.max()) + 1, axes, dtype=torch.float64)
+        steps[seg_sample[later], 2 * rank[later] + 1] = gap
+        steps[seg_sample, 2 * rank + 2] = step
+        start = steps.cumsum_(dim=1)[seg_sample, 2 * rank + 1]
     start[seg_pad] = 0.0
-    if len(placed) > 2:  # absolute axes of vision blocks do not add the start (see designs.registry)
-        start[seg_vis] = start[seg_vis] * (~placed[2]).to(torch.float64)
+    if absolute is not None:  # absolute axes of vision blocks do not add the start (see designs.registry)
+        start[seg_vis] = start[seg_vis] * (~absolute).to(torch.float64)
 
     # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
     pad_max = int(seg_len[seg_pad].max()) if seg_pad.any() else 0
@@ -585,14 +593,15 @@ def _index_by_rule(
     tok_seg[seg_first[1:]] = 1
     tok_seg.cumsum_(0)
     start_t = start.T.to(dtype).contiguous()
-    pos, tmp = torch.empty(axes, total, dtype=dtype), torch.empty(total, dtype=dtype)
+    pos = torch.empty(axes, total, dtype=torch.float32)
+    rel, tmp = torch.empty(total, dtype=dtype), torch.empty(total, dtype=dtype)
     diagonal = bool((start_t == start_t[:1]).all())  # every axis starts together (all but compact)
-    for a in range(axes):  # per axis, so that the only token-sized temporary is reused
-        torch.index_select(table[a], 0, row, out=pos[a])
+    for a in range(axes):  # per axis, so that the token-sized temporaries are reused
+        torch.index_select(table[a], 0, row, out=rel)
         if a == 0 or not diagonal:
             torch.index_select(start_t[a], 0, tok_seg, out=tmp)
-        pos[a].add_(tmp)
-    pos = pos.view(axes, batch, length).to(torch.float32)
+        torch.add(rel, tmp, out=pos[a])  # summed in `dtype`, rounded to float32 once on the way out
+    pos = pos.view(axes, batch, length)
 
     # deltas: largest coordinate per sample (from each segment's start + its largest offset)
     seg_top = torch.full((seg_len.numel(), axes), -torch.inf, dtype=torch.float64)

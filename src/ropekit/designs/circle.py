@@ -13,11 +13,10 @@ from typing import Sequence, Union
 
 import torch
 
-from ..layout import _FLOAT32_MAX, Image, Layout, Text, _show, check_token_count
-from ._common import as_video, diagonal
-from .registry import register
+from ..layout import _FLOAT32_MAX, Image, Layout, Segment, _show, check_token_count
+from .registry import block_rows, ragged_arange, register, video_blocks, walk
 
-__all__ = ["circle", "ring_offsets", "MEASURES"]
+__all__ = ["circle", "circle_blocks", "ring_offsets", "MEASURES"]
 
 MEASURES = ("l2", "max_abs")
 
@@ -76,6 +75,47 @@ def _basis(text_vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return u, torch.linalg.cross(n, u)
 
 
+def _rings(h: torch.Tensor, w: torch.Tensor, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring coordinates of many ``h × w`` grids, concatenated ``(Σ h·w, 3)`` float64 on axes (t, h, w), and
+    each grid's largest coordinate ``(G,)``.
+
+    Every token-sized step is elementwise or a per-grid min/max, so each grid's ring is exactly the one it
+    would get alone; whatever depends on the grid only is computed once per grid.
+    """
+    lengths = h * w
+    row_grid, _, row_index, token_row, token_col = block_rows(torch.ones_like(h), h, w)
+    grid = row_grid[token_row]
+    # eqs. 2–3: centre at the midpoint of the extent, ((w−1)/2, (h−1)/2); x − x is +0.0, so no −0.0 arises
+    cx, cy = (w - 1).to(torch.float64) / 2, (h - 1).to(torch.float64) / 2
+    x = token_col.to(torch.float64) - cx[grid]
+    y = (row_index.to(torch.float64) - cy[row_grid])[token_row]
+    # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π] within each grid (a 1 × 1 grid: 0)
+    theta = torch.atan2(y, x)
+    low = torch.segment_reduce(theta, "min", lengths=lengths)
+    span = torch.segment_reduce(theta, "max", lengths=lengths) - low
+    span = torch.where(span > 0, span, 1.0)  # only a single token has no span, and its θ − θmin is 0
+    sa = (theta - low[grid]) / span[grid] * (2 * math.pi)  # × 2π is × 2 then × π: doubling is exact
+    # eq. 7: grid-index angle; eq. 8: mix
+    first = (lengths.cumsum(0) - lengths)[grid]
+    ga = (torch.arange(len(grid), dtype=torch.float64) - first) / lengths[grid].to(torch.float64) * (2 * math.pi)
+    mixed = alpha * sa + (1 - alpha) * ga
+    # eq. 9 (l2) or the reference code's max |coordinate|: both largest at a corner of the centred grid
+    spread = torch.sqrt(cx * cx + cy * cy) if measure == "l2" else torch.maximum(cx, cy)
+    if radius == "auto":
+        R = k * spread
+        bad = ~(R <= _FLOAT32_MAX)
+        if bad.any():
+            _radius(radius, k, float(spread[bad.nonzero()[0, 0]]))  # raises, naming `k`
+        R = R[grid]
+    else:
+        R = _radius(radius, k, 0.0)
+    # eq. 12, with the components (first, second, third) on the axes (w, h, t); built axis by axis as
+    # (3, Σ h·w), so that every operation runs on contiguous vectors
+    a, b = R * torch.cos(mixed), R * torch.sin(mixed)
+    ring = torch.stack([a * u[2 - i] + b * v[2 - i] for i in range(3)])
+    return ring.T, torch.segment_reduce(ring.amax(dim=0), "max", lengths=lengths)
+
+
 def ring_offsets(
     h: int,
     w: int,
@@ -90,28 +130,51 @@ def ring_offsets(
     n = _check(alpha, radius, k, measure, text_vector, 0.0)
     grid = Image(h, w)  # checks h and w
     check_token_count(grid.num_tokens, "ring_offsets")
-    rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
-    cols = torch.arange(w, dtype=torch.float64).repeat(h)
-    # eqs. 2–3: centre at the midpoint of the extent; + 0.0 turns a -0.0 offset into +0.0
-    x = cols - (cols.max() + cols.min()) / 2 + 0.0
-    y = rows - (rows.max() + rows.min()) / 2 + 0.0
-    # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π]
-    theta = torch.atan2(y, x)
-    span = theta.max() - theta.min()
-    sa = (theta - theta.min()) / span * 2 * math.pi if float(span) > 0 else torch.zeros_like(theta)
-    # eq. 7: grid-index angle; eq. 8: mix
-    ga = torch.arange(h * w, dtype=torch.float64) / (h * w) * 2 * math.pi
-    mixed = alpha * sa + (1 - alpha) * ga
-    # eq. 9 (l2) or the reference code's max |coordinate|
-    spread = torch.sqrt(x * x + y * y).max() if measure == "l2" else torch.maximum(x.abs(), y.abs()).max()
-    R = _radius(radius, k, float(spread))
     u, v = _basis(n)
-    pts = (R * torch.cos(mixed))[:, None] * u + (R * torch.sin(mixed))[:, None] * v  # eq. 12
-    return pts.flip(-1)  # components (first, second, third) → axes (w, h, t)
+    return _rings(torch.tensor([h]), torch.tensor([w]), alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)[0]
+
+
+def circle_blocks(
+    segments: Sequence[Segment],
+    alpha: float = 0.5,
+    radius: Union[float, str] = 10.0,
+    k: float = 1.0,
+    measure: str = "l2",
+    text_vector: Sequence[float] = (1.0, 1.0, 1.0),
+    delta: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, None, torch.Tensor]:
+    """Circle-RoPE block rule: frame f of a block holds the ring of its ``h × w`` grid moved by ``f·Δt`` on
+    every axis; the start advances on every axis by the block's largest coordinate + 1; every block after
+    the first of its sample starts one more ``delta`` further on every axis (the rule's gap).
+
+    Each distinct ``(h, w)`` ring is computed once per call and gathered for every block and frame.
+    """
+    n = _check(alpha, radius, k, measure, text_vector, delta)
+    t, h, w, interval = video_blocks(segments, "circle")
+    gap = torch.full((3,), float(delta), dtype=torch.float64)
+    if not len(segments):
+        return torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64), None, gap
+    grids, grid_of_block = torch.unique(torch.stack([h, w], 1), dim=0, return_inverse=True)
+    u, v = _basis(n)
+    rings, ring_top = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
+    ring_start = _exclusive_cumsum(grids[:, 0] * grids[:, 1])
+    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    row_first = ring_start[grid_of_block[row_block]] + row_index * w[row_block]  # ring index of each row's first token
+    offsets = rings.T.index_select(1, row_first[token_row] + token_col)  # (3, Σ n): contiguous per axis
+    if bool((t > 1).any()):  # frame f moves by f·Δt on every axis
+        offsets += (row_frame.to(torch.float64) * interval[row_block])[token_row]
+    offsets = offsets.T
+    # Δt >= 0 and rounding is monotonic: the largest coordinate is the last frame's ring maximum
+    top = (t - 1).to(torch.float64) * interval + ring_top[grid_of_block]
+    return offsets, (top + 1.0)[:, None].expand(-1, 3).contiguous(), None, gap
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x.new_zeros(1), x.cumsum(0)[:-1]])
 
 
 @register("circle", summary="Circle-RoPE: image tokens on a ring orthogonal to the text axis (PTD = 0)",
-          allocation="mrope", aliases=("circle_rope", "cip"), axes=3)
+          allocation="mrope", aliases=("circle_rope", "cip"), block_rule=circle_blocks, axes=3)
 def circle(
     layout: Layout,
     *,
@@ -133,21 +196,5 @@ def circle(
     follows the moved block, so it already carries that block's shift; the next block therefore adds
     only one more ``delta`` to the running index, and shifts never compound.
     """
-    _check(alpha, radius, k, measure, text_vector, delta)
-    parts, p, first = [], 0.0, True
-    for seg in layout:
-        if isinstance(seg, Text):
-            parts.append(diagonal(p, seg.n, 3))
-            p += seg.n
-            continue
-        vid = as_video(seg, "circle")
-        ring = ring_offsets(vid.h, vid.w, alpha=alpha, radius=radius, k=k, measure=measure,
-                            text_vector=text_vector)
-        # p already holds the shift (i−2)·delta of the block before; one more delta makes (i−1)·delta
-        start = p if first else p + delta
-        centres = start + torch.arange(vid.t, dtype=torch.float64) * vid.interval
-        block = (centres[:, None, None] + ring[None]).reshape(-1, 3)
-        parts.append(block)
-        p = float(block.max()) + 1.0
-        first = False
-    return torch.cat(parts).to(torch.float32)
+    return walk(layout, circle_blocks, alpha=alpha, radius=radius, k=k, measure=measure,
+                text_vector=text_vector, delta=delta)

@@ -20,7 +20,7 @@ from ..layout import Image, Layout, Segment, Text, Video
 from ._common import as_video
 
 __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
-           "block_rows", "MAX_WORK"]
+           "block_rows", "unpack_placed", "MAX_WORK"]
 
 #: Most coordinates (tokens × axes) one :func:`positions` call may build; checked, with the token count
 #: (:data:`ropekit.layout.MAX_TOKENS`), before the design runs. 2**26 coordinates are 256 MiB as float32;
@@ -34,7 +34,10 @@ MAX_WORK = 2**26
 #: return ``(0, A)`` tensors (that fixes the number of axes) and check its options.
 #: A rule may return a third item, a ``(A,)`` bool mask of *absolute* axes: on those, vision offsets are
 #: the coordinates themselves and the running start is not added (MRoPE-I's spatial reset places h, w
-#: from 0 in every image); text and the advances are unchanged.
+#: from 0 in every image); text and the advances are unchanged. ``None`` there means no absolute axis.
+#: A rule may return a fourth item, a ``(A,)`` float64 *gap*: every vision segment after the first of its
+#: sample starts one more gap further (added to the running start just before it, so the shift carries on
+#: to everything after it; Circle-RoPE's multi-image offset). :func:`unpack_placed` reads all four.
 BlockRule = Callable[..., "tuple[torch.Tensor, ...]"]
 
 
@@ -241,24 +244,35 @@ def block_rows(
     return row_block, row_frame, r - row_frame * rows_per_frame, token_row, token_col
 
 
+def unpack_placed(placed: Sequence) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """A rule's result as ``(offsets, advance, absolute axes or None, gap or None)``; a zero gap is None."""
+    absolute = placed[2] if len(placed) > 2 else None
+    gap = placed[3] if len(placed) > 3 else None
+    if gap is not None and not bool(gap.any()):
+        gap = None
+    return placed[0], placed[1], absolute, gap
+
+
 def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
     """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the walk every translation-structured design shares).
 
     The running start ``p`` begins at 0 on every axis; text takes ``p, p+1, …`` (per axis) and moves
-    ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance. The
+    ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance (after the
+    rule's gap, if it has one, for every vision segment but the first). The
     arithmetic is float64, rounded to float32 once at the end.
     """
     vision = [s for s in layout if not isinstance(s, Text)]
-    placed = rule(vision, **options)
-    offsets, advance = placed[0], placed[1]
+    offsets, advance, absolute, gap = unpack_placed(rule(vision, **options))
     axes = advance.shape[1]
-    relative = torch.ones(axes, dtype=torch.float64) if len(placed) < 3 else (~placed[2]).to(torch.float64)
+    relative = torch.ones(axes, dtype=torch.float64) if absolute is None else (~absolute).to(torch.float64)
     parts, p, row, k = [], torch.zeros(axes, dtype=torch.float64), 0, 0
     for seg in layout:
         if isinstance(seg, Text):
             parts.append(p + torch.arange(seg.n, dtype=torch.float64)[:, None])
             p = p + seg.n
             continue
+        if k and gap is not None:  # every vision segment after the first
+            p = p + gap
         n = seg.num_tokens
         parts.append(p * relative + offsets[row: row + n])
         p = p + advance[k]
