@@ -48,6 +48,9 @@ test: $(TEST_STAMP)
 experiments: $(BASE_STAMP)
 	$(VENV)/bin/ropekit experiment crossmodal --preset quick --out experiments/
 	$(VENV)/bin/ropekit experiment video --preset quick --out experiments/
+	$(VENV)/bin/ropekit experiment resolution --preset quick --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment isotropy --preset quick --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment shape-bias --preset quick --threads 1 --out experiments/
 	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
 
 bench: $(BENCH_STAMP)

@@ -46,6 +46,8 @@ class Experiment:
     claims: tuple[Claim, ...] = ()
     figures: dict = field(default_factory=dict)
     hyperparameters_note: str = ""
+    # raises a clear ValueError for a design name this experiment cannot build (default: the decoder's names)
+    check_design: Callable[[str], object] | None = None
 
 
 @torch.no_grad()

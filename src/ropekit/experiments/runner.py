@@ -119,7 +119,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     from .models import layer_designs
 
     for d in chosen:
-        layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
+        exp.check_design(d) if exp.check_design else layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
     n_seeds = seeds if seeds is not None else (1 if preset == "micro" else 3)
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
         raise ValueError(f"`seeds` must be an int >= 1, got {n_seeds!r}")
@@ -181,6 +181,8 @@ def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
             continue
         a = [table[(c.design, s)][c.metric] for s in seeds]
         b = [table[(c.baseline, s)][c.metric] for s in seeds]
+        if any(x != x for x in a + b):  # a NaN metric (no data at this preset) decides nothing
+            continue
         v = paired_verdict(a, b, c.better)
         rows.append({"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
                      "baseline": c.baseline, "better": c.better, "verdict": v["verdict"],

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._html import table  # noqa: E402
 
-__all__ = ["experiments_section", "plot_heatmaps", "plot_curve"]
+__all__ = ["experiments_section", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -74,6 +74,55 @@ def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
             f"({last[best][1]:.3f}), worst {worst} ({last[worst][1]:.3f}).")
 
 
+def plot_polar(agg: dict, key: str, path: Path) -> str:
+    """Accuracy against direction angle on a polar axis, one closed line per design; returns a caption."""
+    import math
+
+    fig = plt.figure(figsize=(6.4, 5.2))
+    ax = fig.add_subplot(projection="polar")
+    spreads = {}
+    for d, m in agg["metrics"].items():
+        if key not in m:
+            continue
+        xs = list(m[key])
+        th = [math.radians(float(x) + 180 / len(xs)) for x in xs]  # bin centres
+        vals = [m[key][x]["mean"] for x in xs]
+        ax.plot(th + th[:1], vals + vals[:1], label=d, lw=1.2)
+        spreads[d] = m.get("angle_spread", {}).get("mean", float("nan"))
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.05, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    lo, hi = min(spreads, key=spreads.get), max(spreads, key=spreads.get)
+    return (f"Accuracy by direction (radius 0–1, mean of {agg['seeds']} seeds). Most isotropic: {lo} (std over "
+            f"angles {spreads[lo]:.3f}); least: {hi} ({spreads[hi]:.3f}).")
+
+
+def plot_bars(agg: dict, keys: list, path: Path) -> str:
+    """Grouped bars (one group per design, one bar per metric) with 95 % interval whiskers; a caption."""
+    designs = [d for d, m in agg["metrics"].items() if all(k in m for k in keys)]
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.7 * len(designs) * len(keys)), 3.8))
+    width = 0.8 / len(keys)
+    for j, k in enumerate(keys):
+        means = [agg["metrics"][d][k]["mean"] for d in designs]
+        err = [[mu - agg["metrics"][d][k]["lo"] for d, mu in zip(designs, means)],
+               [agg["metrics"][d][k]["hi"] - mu for d, mu in zip(designs, means)]]
+        ax.bar([i + j * width for i in range(len(designs))], means, width, yerr=err, capsize=2, label=k)
+    ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(designs))], designs, rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    first = {d: agg["metrics"][d][keys[0]]["mean"] for d in designs}
+    best = max(first, key=first.get)
+    return (f"{', '.join(keys)} per design, whiskers 95 % t-intervals over {agg['seeds']} seeds. Highest "
+            f"{keys[0]}: {best} ({first[best]:.3f}).")
+
+
 def _verdicts(agg: dict) -> str:
     rows = []
     for c in agg["claims"]:
@@ -107,6 +156,14 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
         if figs.get("heatmap"):
             png = f"exp_{name}_{figs['heatmap']}.png"
             cap = plot_heatmaps(agg, figs["heatmap"], out / png)
+            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        if figs.get("polar"):
+            png = f"exp_{name}_{figs['polar']}_polar.png"
+            cap = plot_polar(agg, figs["polar"], out / png)
+            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        if figs.get("bars"):
+            png = f"exp_{name}_bars.png"
+            cap = plot_bars(agg, figs["bars"], out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         for key, label in figs.get("curves", {}).items():
             png = f"exp_{name}_{key}.png"
