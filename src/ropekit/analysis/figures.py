@@ -125,20 +125,23 @@ def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path
     three = [d for d in designs if positions(lay, d).shape[1] == 3]
     if not three:
         raise ValueError("plot_rings: none of `designs` has 3 axes (t, h, w); try 'mrope' or 'circle'")
-    n = len(three)
-    fig = plt.figure(figsize=(4.6 * n, 8.8))
+    # at most four designs side by side; each design is a column pair of rows (3-D above, diagonal view below)
+    cols = min(len(three), 4)
+    blocks = -(-len(three) // cols)
+    fig = plt.figure(figsize=(4.6 * cols, 8.8 * blocks))
     for i, name in enumerate(three):
         c = positions(lay, name)
-        ax = fig.add_subplot(2, n, i + 1, projection="3d")
+        top = (2 * (i // cols)) * cols + i % cols + 1
+        ax = fig.add_subplot(2 * blocks, cols, top, projection="3d")
         _draw_3d(ax, c, kinds)
         ax.set_title(f"{name}: (t, h, w)", fontsize=10)
-        ax2 = fig.add_subplot(2, n, n + i + 1)
+        ax2 = fig.add_subplot(2 * blocks, cols, top + cols)
         _draw_diagonal_view(ax2, c, kinds)
         ax2.set_title(f"{name}: seen down the text diagonal (1, 1, 1)", fontsize=10)
     fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
     fig.suptitle(f"3-axis designs in position space, layout '{lay}' (dashed: the text diagonal t = h = w)",
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.07 / blocks))
     return _save(fig, path)
 
 
