@@ -1,19 +1,9 @@
 """The set-up a new user runs: which torch build `make` installs, and what each target installs."""
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    tomllib = pytest.importorskip("tomli")
-
 ROOT = Path(__file__).resolve().parents[1]
-needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="`make` is not installed")
 
 
 def _recipe(target: str, *variables: str) -> str:
@@ -23,20 +13,17 @@ def _recipe(target: str, *variables: str) -> str:
     return re.sub(r" +", " ", done.stdout)  # an empty variable leaves two spaces: count them as one
 
 
-@needs_make
 def test_demo_installs_only_the_package():
     recipe = _recipe("demo")
     assert "pip install -q -e ." in recipe and "ropekit report" in recipe
     assert ".[" not in recipe  # no extras: the test extra's triton alone is about 1 GB
 
 
-@needs_make
 def test_test_and_bench_add_their_extras():
     assert 'pip install -q -e ".[test]"' in _recipe("test")
     assert 'pip install -q -e ".[bench]"' in _recipe("bench")
 
 
-@needs_make
 def test_torch_build_is_an_explicit_overridable_choice():
     default = _recipe("setup")
     assert 'pip install -q "torch==2.13.0"' in default and "--index-url" not in default
@@ -47,8 +34,9 @@ def test_torch_build_is_an_explicit_overridable_choice():
 
 
 def test_hypothesis_is_a_test_dependency():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(req.startswith("hypothesis") for req in extras["test"])
+    # the test extra is one line of pyproject.toml (read as text: tomllib exists only from Python 3.11)
+    line = next(ln for ln in (ROOT / "pyproject.toml").read_text().splitlines() if ln.startswith("test = ["))
+    assert re.search(r'"hypothesis(>=[\d.]+)?"', line)
 
 
 def test_property_tests_draw_the_same_examples_on_every_run_by_default():
