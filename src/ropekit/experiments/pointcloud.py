@@ -111,10 +111,10 @@ HYPERPARAMETERS_NOTE = "one setting for every family (chosen once, not tuned per
 _MODEL = {"micro": {"dim": 24, "depth": 1, "heads": 2}, "quick": {"dim": 48, "depth": 2, "heads": 2},
           "full": {"dim": 192, "depth": 6, "heads": 4}}
 _TRAIN = {"micro": {"steps": 6, "batch": 4, "lr": 3e-3, "warmup": 2},
-          "quick": {"steps": 120, "batch": 8, "lr": 2e-3, "warmup": 15, "ckpt_every": 100},
+          "quick": {"steps": 400, "batch": 16, "lr": 2e-3, "warmup": 40, "ckpt_every": 100},
           "full": {"steps": 5000, "batch": 64, "lr": 1e-3, "warmup": 250, "ckpt_every": 1000}}
 _TASK = {"micro": {"points": 48, "primitives": 3, "extent": 8.0, "noise": 0.02},
-         "quick": {"points": 120, "primitives": 3, "extent": 8.0, "noise": 0.02},
+         "quick": {"points": 192, "primitives": 3, "extent": 8.0, "noise": 0.02},
          "full": {"points": 1024, "primitives": 4, "extent": 8.0, "noise": 0.02}}
 PRESETS = {p: {"model": _MODEL[p], "task": _TASK[p], "train": _TRAIN[p], "eval": {"scenes": n, "large_factor": 2}}
            for p, n in (("micro", 4), ("quick", 32), ("full", 512))}
