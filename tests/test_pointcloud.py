@@ -9,6 +9,7 @@ import torch
 from ropekit.experiments import runner
 from ropekit.experiments.pointcloud import FAMILIES, PointTransformer, confusion, local_features, mean_iou
 from ropekit.experiments.tasks.points import KINDS, random_rotations, scene_batch
+from ropekit.report.experiments import experiments_section
 
 
 def g(seed=0):
@@ -150,3 +151,6 @@ def test_micro_run_end_to_end(tmp_path):
     assert {"P1", "P2", "P4", "P5"} <= ids
     for c in agg["claims"]:
         assert c["verdict"] in ("reproduced", "contradicted", "inconclusive")
+    sec = experiments_section(tmp_path, tmp_path)
+    assert "pointcloud" in sec["html"]
+    assert (tmp_path / "exp_pointcloud_bars.png").exists()

@@ -169,4 +169,5 @@ EXPERIMENT = register(Experiment(
     summary=__doc__.split("\n\n", 1)[1].strip().replace("\n", " "),
     designs=DESIGNS, presets=PRESETS, make_model=make_model, sampler=sampler, evaluate=evaluate,
     claims=CLAIMS, check_design=check_point_family, hyperparameters_note=HYPERPARAMETERS_NOTE,
+    figures={"bars": ["miou", "acc", "miou_large", "acc_large"]},
 ))
