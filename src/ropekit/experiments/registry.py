@@ -10,7 +10,8 @@ __all__ = ["register", "get", "experiments"]
 _EXPERIMENTS: dict[str, Experiment] = {}
 # modules that define (and register) experiments; imported lazily on first lookup
 MODULES = ("ropekit.experiments.crossmodal", "ropekit.experiments.video", "ropekit.experiments.resolution",
-           "ropekit.experiments.isotropy", "ropekit.experiments.shapebias")
+           "ropekit.experiments.isotropy", "ropekit.experiments.shapebias",
+           "ropekit.experiments.pointcloud")
 
 
 def register(exp: Experiment) -> Experiment:
