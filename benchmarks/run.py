@@ -71,29 +71,24 @@ def main(argv: list[str] | None = None) -> int:
         for line in _ratio_table(res, bw["bytes_per_s"]):
             print(line)
         _write(args.out / "apply.json", {**header, "results": res})
-    if "index" in suites:
-        res = index_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "index.json", {**header, "results": res})
-    if "geope" in suites:
-        res = geope_bench.run(quick=args.quick, repeat=repeat, compile_=not args.no_compile, log=log)
-        _write(args.out / "geope.json", {**header, "results": res})
-    if "variants" in suites:
-        res = variants_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "variants.json", {**header, "results": res})
-    if "learned" in suites:
-        res = learned_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "learned.json", {**header, "results": res})
-    if "experiments" in suites:
-        res = experiments_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "experiments.json", {**header, "results": res})
-    if "curves" in suites:
-        res = curves_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "curves.json", {**header, "results": res})
-        curves_bench.plot(res, args.out / "curves.png")
-        print(f"wrote {args.out / 'curves.png'}", flush=True)
-    if "hf" in suites:
-        res = hf_bench.run(quick=args.quick, repeat=repeat, log=log)
-        _write(args.out / "hf.json", {**header, "results": res})
+    compile_ = not args.no_compile
+    plain = {  # suites that only run and write their JSON
+        "index": lambda: index_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "geope": lambda: geope_bench.run(quick=args.quick, repeat=repeat, compile_=compile_, log=log),
+        "variants": lambda: variants_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "learned": lambda: learned_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "experiments": lambda: experiments_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "curves": lambda: curves_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "hf": lambda: hf_bench.run(quick=args.quick, repeat=repeat, log=log),
+    }
+    for name, run in plain.items():
+        if name not in suites:
+            continue
+        res = run()
+        _write(args.out / f"{name}.json", {**header, "results": res})
+        if name == "curves":
+            curves_bench.plot(res, args.out / "curves.png")
+            print(f"wrote {args.out / 'curves.png'}", flush=True)
     return 0
 
 
