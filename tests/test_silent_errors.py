@@ -70,3 +70,40 @@ def test_per_head_frequencies_accept_three_dimensional_heads_first_tensors():
         assert qr.shape == q.shape
         torch.testing.assert_close(qr.double(), _mhrope_reference(q[None], coords, [2, 3, 3], 8)[0],
                                    rtol=0, atol=1e-5)
+
+
+def _rotaries():
+    return {
+        "RoPE": ropekit.RoPE("rope2d", head_dim=24),
+        "DirectionalRoPE": ropekit.DirectionalRoPE(24),
+        "RotaryEmbedding": ropekit.RotaryEmbedding(24, design="rope2d"),
+        "MixedFrequencies": ropekit.MixedFrequencies(24, num_heads=4, seed=0),
+        "LieRE": ropekit.LieRE(24, block_size=8, seed=0),
+        "ComRoPE": ropekit.ComRoPE(24, seed=0),
+        "GRAPE": ropekit.GRAPE(24, 2, mode="interleaved", init_scale=0.5, seed=0),
+    }
+
+
+@pytest.mark.parametrize("name", list(_rotaries()))
+def test_coordinates_of_another_batch_are_refused_not_broadcast(name):
+    # q of batch 1 with coordinates of 3 samples used to come back as a batch of 3 (a 3-D (H, L, D) q as a
+    # 4-D tensor), and batch 2 against 3 failed deep inside torch with a broadcast RuntimeError
+    rotary = _rotaries()[name]
+    coords = _randn(3, 5, 2, seed=6)
+    for q in (_randn(1, 4, 5, 24), _randn(2, 4, 5, 24)):
+        with pytest.raises(ValueError, match="`coords`.*3 samples"):
+            rotary.rotate(q, q, coords)
+    if name in ("RoPE", "DirectionalRoPE", "RotaryEmbedding"):
+        with pytest.raises(ValueError, match="`coords`.*3 samples"):
+            rotary.rotate(_randn(4, 5, 24), _randn(4, 5, 24), coords)
+        q3 = _randn(4, 5, 24, seed=7)  # one shared sample (1, L, A) is the (L, A) of a 3-D q
+        out = rotary.rotate(q3, q3, coords[:1])[0]
+        assert out.shape == q3.shape
+        torch.testing.assert_close(out, rotary.rotate(q3, q3, coords[0])[0], rtol=0, atol=0)
+    # what stays accepted: one row per sample, or one shared row, and the result is per sample
+    q = _randn(3, 4, 5, 24, seed=8)
+    per_sample = rotary.rotate(q, q, coords)[0]
+    for b in range(3):
+        torch.testing.assert_close(per_sample[b:b + 1], rotary.rotate(q[b:b + 1], q[b:b + 1], coords[b])[0],
+                                   rtol=0, atol=1e-6)
+    assert rotary.rotate(q, q, coords[:1])[0].shape == q.shape

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from .apply._inputs import canonical_seq_dim, check_finite_coords, check_qk, resolve_coords
+from .apply._inputs import canonical_seq_dim, check_finite_coords, check_qk, match_coords_batch, resolve_coords
 from .apply.fused import apply_rotary_fused, apply_rotary_qk_fused
 from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
@@ -144,7 +144,8 @@ class _PlanarRotary:
         """
         check_qk(q, k, self.head_dim)
         seq_dim = canonical_seq_dim(seq_dim, q.ndim)
-        cos, sin = self.cos_sin(resolve_coords(coords, self.design, self.design_options, q.device))
+        coords = match_coords_batch(resolve_coords(coords, self.design, self.design_options, q.device), q)
+        cos, sin = self.cos_sin(coords)
         return rotate_qk_tables(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
 
 

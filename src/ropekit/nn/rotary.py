@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from ..apply._inputs import check_qk, match_coords_batch
 from ..apply.planar import cos_sin
 from ..designs.registry import positions
 from ..layout import Layout
@@ -173,7 +174,8 @@ class RotaryEmbedding(nn.Module):
             coords = coords_or_layout
         else:
             coords = self.rope.coords(coords_or_layout)
-        cos, sin = self.cos_sin(coords)
+        check_qk(q, k)
+        cos, sin = self.cos_sin(match_coords_batch(coords, q) if isinstance(coords, torch.Tensor) else coords)
         return rotate_qk_tables(q, k, cos, sin, channels=self.rope.channels, seq_dim=sd)
 
     forward = rotate
