@@ -145,3 +145,28 @@ def test_documented_rule_is_what_the_design_computes(key):
     got = ropekit.positions(LAYOUT, design, **dict(options))
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), _walk(LAYOUT, block, axes), rtol=0, atol=1e-5)
+
+
+def _text_only_differs(design: str, **kwargs) -> bool:
+    x = torch.randn(1, 4, 9, 32, generator=torch.Generator().manual_seed(0))
+    theta = torch.arange(9.0, dtype=torch.float64)[:, None] * torch.tensor(
+        [10000.0 ** (-2 * j / 32) for j in range(16)], dtype=torch.float64)
+    c, s = torch.cos(theta), torch.sin(theta)
+    want = torch.cat((x[..., :16] * c - x[..., 16:] * s, x[..., 16:] * c + x[..., :16] * s), -1)  # 1-D RoPE
+    got = ropekit.RoPE(design, head_dim=32, **kwargs).rotate(x, x, "T9")[0]
+    return not torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_docs_name_every_design_whose_text_only_input_is_not_1d_rope():
+    # the docs said "exactly 1-D RoPE whatever the design", but HoPE never rotates its temporal pairs
+    differs = {d for d in ropekit.designs() if _text_only_differs(d, sections=[1, 1, 2] if d == "mhrope" else None)}
+    assert differs == {"hope"}
+    assert _text_only_differs("mhrope", sections=[1, 1, 1, 1])  # a fourth, unrotated group of heads
+    claims = [
+        (ROOT / "README.md").read_text().split("lists the designs.", 1)[1].split("\n\n", 1)[0],
+        (ROOT / "docs" / "conventions.md").read_text().split("Text-only input is therefore", 1)[1].split(" Let s", 1)[0],
+        (ROOT / "docs" / "designs.md").read_text().split("Text is always on the diagonal", 1)[1].split("\n\n", 1)[0],
+    ]
+    for claim in claims:
+        for name in ("`hope`", "`mhrope`"):
+            assert name in claim, f"the text-only claim does not name the exception {name}: {claim!r}"
