@@ -107,3 +107,21 @@ def test_coordinates_of_another_batch_are_refused_not_broadcast(name):
         torch.testing.assert_close(per_sample[b:b + 1], rotary.rotate(q[b:b + 1], q[b:b + 1], coords[b])[0],
                                    rtol=0, atol=1e-6)
     assert rotary.rotate(q, q, coords[:1])[0].shape == q.shape
+
+
+def test_readme_per_head_tables_apply_to_every_head_of_every_sample():
+    # the README built RoPE-Mixed's cos/sin as (H, L, R/2); apply_rotary reads a 3-D table as per sample
+    # (B, L, R/2), so a batch of 8 with 8 heads silently rotated sample b's heads all by head b's angles
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "MixedFrequencies" in b)
+    lines = [ln for ln in block.splitlines() if ln.startswith(("grid =", "mixed =", "cos_h, sin_h ="))]
+    namespace = {"torch": torch, "ropekit": ropekit}
+    exec("\n".join(lines), namespace)
+    mixed, grid, cos_h, sin_h = (namespace[n] for n in ("mixed", "grid", "cos_h", "sin_h"))
+    x = _randn(8, 8, 64, 96, seed=9)
+    W = mixed.freqs.detach().double()  # (H, A, R/2)
+    want = torch.stack([_rotate_half(x[:, h], grid.double() @ W[h]) for h in range(8)], dim=1)
+    torch.testing.assert_close(ropekit.apply_rotary(x, cos_h, sin_h).double(), want, rtol=0, atol=1e-5)
