@@ -170,3 +170,22 @@ def test_docs_name_every_design_whose_text_only_input_is_not_1d_rope():
     for claim in claims:
         for name in ("`hope`", "`mhrope`"):
             assert name in claim, f"the text-only claim does not name the exception {name}: {claim!r}"
+
+
+def test_scaling_doc_points_long_video_papers_at_what_ropekit_has():
+    # docs/scaling.md said ropekit had no VideoRoPE or V2PE design (both are registered) and gave HoPE's
+    # temporal scaling as a per-axis linear frequency factor, which HoPE's zero temporal frequencies ignore
+    text = (ROOT / "docs" / "scaling.md").read_text().split("## What the multimodal papers recommend", 1)[1]
+    bullets = {b.split("**", 2)[1]: b for b in text.split("\n- ")[1:]}
+    registered = set(ropekit.designs())
+    assert "`videorope`" in bullets["VideoRoPE"] and "`v2pe`" in bullets["V2PE"]
+    assert {"videorope", "v2pe", "hope"} <= registered
+    assert "design yet" not in text
+    q = torch.randn(1, 2, 21, 64, generator=torch.Generator().manual_seed(0))
+    video = "T2 V3x2x2 T7"
+    plain = ropekit.RoPE("hope", head_dim=64).rotate(q, q, video)[0]
+    linear_t = ropekit.RoPE("hope", head_dim=64, scaling={"rope_type": "linear", "factor": [2.0, 1.0, 1.0]})
+    assert torch.equal(linear_t.rotate(q, q, video)[0], plain)  # a temporal frequency factor is a no-op
+    assert '"linear"' not in bullets["HoPE"] and "`temporal_scale=γ`" in bullets["HoPE"]
+    stretched = ropekit.RoPE("hope", head_dim=64, design_options={"temporal_scale": 2.0}).rotate(q, q, video)[0]
+    assert not torch.allclose(stretched, plain)
