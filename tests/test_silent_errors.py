@@ -125,3 +125,17 @@ def test_readme_per_head_tables_apply_to_every_head_of_every_sample():
     W = mixed.freqs.detach().double()  # (H, A, R/2)
     want = torch.stack([_rotate_half(x[:, h], grid.double() @ W[h]) for h in range(8)], dim=1)
     torch.testing.assert_close(ropekit.apply_rotary(x, cos_h, sin_h).double(), want, rtol=0, atol=1e-5)
+
+
+def test_tiny_vit_docstring_names_only_arguments_it_takes():
+    # the docstring promised coordinates "of ``design``", an argument TinyViT never had
+    import inspect
+    import re
+
+    vit = ropekit.nn.TinyViT
+    named = set(re.findall(r"``(\w+)``", vit.__doc__))
+    params = set(inspect.signature(vit.__init__).parameters)
+    assert named <= params | {"coords"}, named - params  # coords: the buffer of patch coordinates
+    model = vit(image_size=8, patch=2, dim=8, depth=1, heads=2)
+    g = torch.arange(4.0)
+    assert torch.equal(model.coords, torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2))
