@@ -189,3 +189,14 @@ def test_scaling_doc_points_long_video_papers_at_what_ropekit_has():
     assert '"linear"' not in bullets["HoPE"] and "`temporal_scale=γ`" in bullets["HoPE"]
     stretched = ropekit.RoPE("hope", head_dim=64, design_options={"temporal_scale": 2.0}).rotate(q, q, video)[0]
     assert not torch.allclose(stretched, plain)
+
+
+def test_circle_text_vector_tilts_the_ring_but_text_stays_on_the_diagonal():
+    # conventions.md called V "the text direction"; text never follows it, so PTD = 0 needs V ∥ (1, 1, 1)
+    tilted = ropekit.positions("T4 I3x3 T5", "circle", text_vector=(1, 2, 3))
+    text = ropekit.Layout.parse("T4 I3x3 T5").token_types() == 0
+    assert torch.equal(tilted[text][:, 0], tilted[text][:, 1]) and torch.equal(tilted[text][:, 1], tilted[text][:, 2])
+    assert ropekit.layout_ptd("T4 I3x3 T5", "circle", text_vector=(2, 2, 2)) < 1e-6
+    measured = ropekit.layout_ptd("T4 I3x3 T5", "circle", text_vector=(1, 2, 3))
+    step = (ROOT / "docs" / "conventions.md").read_text().split("4. **Plane.**", 1)[1].split("5. **Placement.**")[0]
+    assert "stays on the diagonal" in step and f"PTD ≈ {measured:.2f}" in step
