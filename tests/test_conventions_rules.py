@@ -200,3 +200,15 @@ def test_circle_text_vector_tilts_the_ring_but_text_stays_on_the_diagonal():
     measured = ropekit.layout_ptd("T4 I3x3 T5", "circle", text_vector=(1, 2, 3))
     step = (ROOT / "docs" / "conventions.md").read_text().split("4. **Plane.**", 1)[1].split("5. **Placement.**")[0]
     assert "stays on the diagonal" in step and f"PTD ≈ {measured:.2f}" in step
+
+
+def test_grids_are_read_as_images_and_videos_except_by_vrope():
+    for design in ropekit.designs():
+        if design == "vrope":
+            assert ropekit.positions("G2x3x4", design).shape[1] == 8
+            assert ropekit.positions("V2x3x4", design).shape[1] == 4
+        else:
+            assert torch.equal(ropekit.positions("T1 G2x3x4 T1 G3x2", design),
+                               ropekit.positions("T1 V2x3x4 T1 I3x2", design)), design
+    text = (ROOT / "docs" / "conventions.md").read_text().split("## Tensor layouts")[0]
+    assert "except `vrope`" in text
