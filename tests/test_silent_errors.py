@@ -139,3 +139,16 @@ def test_tiny_vit_docstring_names_only_arguments_it_takes():
     model = vit(image_size=8, patch=2, dim=8, depth=1, heads=2)
     g = torch.arange(4.0)
     assert torch.equal(model.coords, torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2))
+
+
+def test_relative_command_keeps_its_columns_aligned(capsys):
+    # names longer than 36 characters (the LieRE row) pushed that row's number and verdict out of column
+    import re
+
+    from ropekit.cli import main
+
+    assert main(["relative", "--head-dim", "48", "--trials", "4"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines()[1:] if ln.strip()]
+    assert any("LieRE" in r for r in rows)
+    number_ends = {re.search(r"\de[+-]\d\d", r).end() for r in rows}
+    assert len(number_ends) == 1, rows
