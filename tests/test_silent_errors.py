@@ -152,3 +152,25 @@ def test_relative_command_keeps_its_columns_aligned(capsys):
     assert any("LieRE" in r for r in rows)
     number_ends = {re.search(r"\de[+-]\d\d", r).end() for r in rows}
     assert len(number_ends) == 1, rows
+
+
+def test_context_extension_applies_to_per_head_frequencies():
+    # docs/scaling.md: "every design and every allocation … can use any of them"; MHRoPE's per-head W
+    # (H, A, R/2) was refused by scale_frequencies. Reference: transformers' own YaRN spectrum and factor.
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    config = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=64)
+    config.rope_parameters = dict(yarn, rope_theta=10000.0)
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    coords = ropekit.positions("T2 I4x4 T3", "mhrope")
+    rope = ropekit.RoPE("mhrope", head_dim=64, scaling=yarn)
+    q = _randn(1, 8, 21, 64, seed=10)
+    axis_of_kv = [0, 0, 1, 1, 1, 2, 2, 2]  # default sections [2, 3, 3]
+    want = torch.stack([factor * _rotate_half(q[:, h], coords.double()[:, axis_of_kv[h]:axis_of_kv[h] + 1]
+                                              * inv.double()) for h in range(8)], dim=1)
+    # the attention factor multiplies cos and sin, so the rotated vector is scaled by it (as in transformers)
+    torch.testing.assert_close(rope.rotate(q, q, coords)[0].double(), want, rtol=0, atol=1e-5)
+    W, attn = ropekit.scale_frequencies(ropekit.frequency_matrix("mhrope", 64, 3), yarn)
+    assert W.shape == (8, 3, 32) and attn == pytest.approx(factor)
