@@ -175,9 +175,10 @@ def _cmd_relative(args: argparse.Namespace) -> int:
         _print_json(rows)
         return 0
     print(f"relative-position error, head_dim {args.head_dim} (max |score(m,n) - score(m+d,n+d)| / rms score)")
+    width = max(len(r["name"]) for r in rows)
     for r in rows:
         verdict = "exactly relative" if r["exact"] else "NOT relative"
-        print(f"  {r['name']:<36} {r['ratio']:10.2e}  {verdict}")
+        print(f"  {r['name']:<{width}} {r['ratio']:10.2e}  {verdict}")
     return 0
 
 # --------------------------------------------------------------------------------------------- viz

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from .apply._inputs import canonical_seq_dim, check_finite_coords, check_qk, resolve_coords
+from .apply._inputs import canonical_seq_dim, check_finite_coords, check_qk, match_coords_batch, resolve_coords
 from .apply.fused import apply_rotary_fused, apply_rotary_qk_fused
 from .apply.planar import CHANNEL_LAYOUTS, cos_sin
 from .designs.registry import check_options, get_design, positions
@@ -28,7 +28,7 @@ from .rotations.planar import (
 )
 from .rotations.scaling import attention_factor, parse_scaling, scale_frequencies
 
-__all__ = ["RoPE", "DirectionalRoPE", "design_frequencies", "design_axes"]
+__all__ = ["RoPE", "DirectionalRoPE", "design_frequencies", "design_axes", "rotate_qk_tables", "rotate_table"]
 
 # layouts whose axis counts tell whether a design's count is fixed (it is unless they differ, as for
 # VRoPE, whose 2^N axes follow the rank N of the layout's grids)
@@ -144,13 +144,9 @@ class _PlanarRotary:
         """
         check_qk(q, k, self.head_dim)
         seq_dim = canonical_seq_dim(seq_dim, q.ndim)
-        cos, sin = self.cos_sin(resolve_coords(coords, self.design, self.design_options, q.device))
-        if cos.ndim == 4 and cos.shape[1] != 1:  # per-head tables (MHRoPE): one per KV head, shared by its group
-            cq, sq = (_per_head(t, q, seq_dim, "q") for t in (cos, sin))
-            ck, sk = (_per_head(t, k, seq_dim, "k") for t in (cos, sin))
-            return (apply_rotary_fused(q, cq, sq, channels=self.channels, seq_dim=seq_dim),
-                    apply_rotary_fused(k, ck, sk, channels=self.channels, seq_dim=seq_dim))
-        return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
+        coords = match_coords_batch(resolve_coords(coords, self.design, self.design_options, q.device), q)
+        cos, sin = self.cos_sin(coords)
+        return rotate_qk_tables(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
 
 
 def _check_head_dims(head_dim, rotary_dim) -> int:
@@ -284,6 +280,31 @@ class DirectionalRoPE(_PlanarRotary):
     def __repr__(self) -> str:
         return (f"DirectionalRoPE(head_dim={self.head_dim}, dims={self.dims}, method={self.method!r}, "
                 f"rotary_dim={self.rotary_dim}, base={self.base!r}, seed={self.seed!r}, channels={self.channels!r})")
+
+
+def rotate_qk_tables(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, channels: str,
+                     seq_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k with cos/sin that may be per-head tables ``(B, G, L, R/2)`` (see :func:`rotate_table`)."""
+    if _is_per_head(cos):
+        return (rotate_table(q, cos, sin, channels=channels, seq_dim=seq_dim, name="q"),
+                rotate_table(k, cos, sin, channels=channels, seq_dim=seq_dim, name="k"))
+    return apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+
+
+def rotate_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, channels: str, seq_dim: int,
+                 name: str = "x") -> torch.Tensor:
+    """Rotate one tensor; per-head tables ``(B, G, L, R/2)`` (MHRoPE: one per KV head) are repeated over each
+    KV head's query group, and a 3-D ``(H, L, D)`` tensor is rotated as one sample."""
+    if not _is_per_head(cos):
+        return apply_rotary_fused(x, cos, sin, channels=channels, seq_dim=seq_dim)
+    if x.ndim == 3:  # (H, L, D): the head axis is the first one
+        return rotate_table(x[None], cos, sin, channels=channels, seq_dim=seq_dim, name=name)[0]
+    c, s = (_per_head(t, x, seq_dim, name) for t in (cos, sin))
+    return apply_rotary_fused(x, c, s, channels=channels, seq_dim=seq_dim)
+
+
+def _is_per_head(cos: torch.Tensor) -> bool:
+    return cos.ndim == 4 and cos.shape[1] != 1
 
 
 def _per_head(table: torch.Tensor, x: torch.Tensor, seq_dim: int, name: str) -> torch.Tensor:

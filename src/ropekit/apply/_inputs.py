@@ -11,7 +11,7 @@ import torch
 from ..designs.registry import positions
 from ..layout import Layout
 
-__all__ = ["canonical_seq_dim", "check_qk", "resolve_coords"]
+__all__ = ["canonical_seq_dim", "check_qk", "match_coords_batch", "resolve_coords"]
 
 # accepted values per tensor rank → the canonical value the kernels use (-2: (…, H, L, D), 1: (B, L, H, D))
 _SEQ_DIMS = {4: {-2: -2, 2: -2, 1: 1, -3: 1}, 3: {-2: -2, 1: -2}}
@@ -82,3 +82,27 @@ def check_finite_coords(coords: torch.Tensor) -> None:
         return
     if not bool(torch.isfinite(coords).all()):
         raise ValueError("`coords` contain NaN or inf; positions must be finite numbers")
+
+
+def match_coords_batch(coords: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Batched coordinates ``(B, L, A)`` must have q's batch (or 1, shared), so the output keeps q's shape.
+
+    Broadcasting a batch-1 q against ``B`` samples' coordinates, or a 3-D ``(H, L, D)`` q against any
+    batched coordinates, would silently return a tensor of another shape. A 3-D q takes ``(1, L, A)`` as
+    ``(L, A)``.
+    """
+    if coords.ndim != 3:
+        return coords
+    if q.ndim == 3:
+        if coords.shape[0] != 1:
+            raise ValueError(
+                f"`coords` hold {coords.shape[0]} samples {tuple(coords.shape)} but `q` {tuple(q.shape)} is a single "
+                f"(H, L, D) sample; pass q/k as (B, H, L, D) or coordinates (L, A)"
+            )
+        return coords[0]
+    if coords.shape[0] not in (1, q.shape[0]):
+        raise ValueError(
+            f"`coords` {tuple(coords.shape)} hold {coords.shape[0]} samples but q/k have batch {q.shape[0]}; give "
+            f"one row of coordinates per sample (B, L, A) or one shared (L, A)"
+        )
+    return coords

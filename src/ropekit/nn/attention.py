@@ -60,7 +60,7 @@ class TinyViT(nn.Module):
     """A small ViT (patchify → pre-norm blocks → mean pool → head) with a rotary embedding per layer.
 
     ``rotary_factory(layer_idx)`` returns the layer's rotary (so mixed RoPE gets its own parameters per
-    layer); patch coordinates are the ``(row, col)`` grid of ``design`` (default: the plain grid).
+    layer); patch coordinates are the plain ``(row, col)`` grid of the patches (buffer ``coords``, ``(N, 2)``).
     """
 
     def __init__(self, image_size: int = 32, patch: int = 4, dim: int = 96, depth: int = 4, heads: int = 4,

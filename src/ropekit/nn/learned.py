@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..apply._inputs import match_coords_batch
 from ..apply.blocks import apply_block_rotation, apply_plane_rotation
 from ..apply.fused import apply_rotary_qk_fused
 from ..apply.planar import CHANNEL_LAYOUTS, cos_sin
@@ -75,6 +76,10 @@ class _LearnedRotary(nn.Module):
             coords = self.coords(coords)
         return check_coords(coords, self.num_axes, self._owner).to(device)
 
+    @staticmethod
+    def _batch(coords: "torch.Tensor | Layout | str", q: torch.Tensor) -> "torch.Tensor | Layout | str":
+        return match_coords_batch(coords, q) if isinstance(coords, torch.Tensor) else coords
+
     def _check_qk(self, q: torch.Tensor, k: torch.Tensor, seq_dim: int) -> None:
         if seq_dim not in (-2, 1):
             raise ValueError(f"{self._owner}: `seq_dim` must be -2 for (B, H, L, D) or 1 for (B, L, H, D), "
@@ -121,7 +126,7 @@ class _BlockRotary(_LearnedRotary):
         """Rotate q and k ``(B, H, L, D)`` (``seq_dim=1``: ``(B, L, H, D)``) at ``coords`` ``(L, A)``,
         ``(B, L, A)`` or a layout string."""
         self._check_qk(q, k, seq_dim)
-        R = self.rotation(coords)
+        R = self.rotation(self._batch(coords, q))
         if self.num_heads is None and R.ndim == 5:  # (B, L, n, b, b): broadcast over heads
             R = R[:, None]
         return apply_block_rotation(q, R, seq_dim=seq_dim), apply_block_rotation(k, R, seq_dim=seq_dim)
@@ -275,7 +280,7 @@ class GRAPE(_LearnedRotary):
         """Rotate q and k ``(B, H, L, D)`` (``seq_dim=1``: ``(B, L, H, D)``) at ``coords`` ``(L, A)``,
         ``(B, L, A)`` or a layout string."""
         self._check_qk(q, k, seq_dim)
-        cos, sin = self.cos_sin(coords)
+        cos, sin = self.cos_sin(self._batch(coords, q))
         if not self.learned:
             return apply_rotary_qk_fused(q, k, cos, sin, channels=self.channels, seq_dim=seq_dim)
         U = self.basis()

@@ -13,11 +13,11 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..apply.fused import apply_rotary_fused, apply_rotary_qk_fused
+from ..apply._inputs import check_qk, match_coords_batch
 from ..apply.planar import cos_sin
 from ..designs.registry import positions
 from ..layout import Layout
-from ..rope import RoPE
+from ..rope import RoPE, rotate_qk_tables, rotate_table
 from ..rotations.planar import angles
 from ..rotations.scaling import scale_frequencies
 
@@ -107,7 +107,8 @@ class RotaryEmbedding(nn.Module):
     # --- cos / sin ---------------------------------------------------------------------------------------
 
     def cos_sin(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos/sin ``(..., L, rotary_dim/2)`` for coordinates ``(..., L, num_axes)``."""
+        """float32 cos/sin ``(..., L, rotary_dim/2)`` for coordinates ``(..., L, num_axes)``; with per-head
+        frequencies (``design="mhrope"``) ``(1, H, L, rotary_dim/2)`` or ``(B, H, L, rotary_dim/2)``."""
         if not isinstance(coords, torch.Tensor):
             raise TypeError(f"`coords` must be a tensor (L, {self.num_axes}), got {type(coords).__name__}")
         if coords.ndim not in (2, 3) or coords.shape[-1] != self.num_axes:
@@ -120,6 +121,8 @@ class RotaryEmbedding(nn.Module):
         if self.rope._scaling.depends_on_length:
             seq_len = int(coords.max().floor()) + 1 if coords.numel() else None
             W = self.rope.frequencies(self.num_axes, seq_len).to(self.W.device)
+        if W.ndim == 3 and coords.ndim == 2:  # per-head W: keep a batch axis, (1, H, L, R/2)
+            coords = coords[None]
         cos, sin = cos_sin(angles(coords, W))
         scale = self.attention_scaling
         return (cos, sin) if scale == 1.0 else (cos * scale, sin * scale)
@@ -141,7 +144,7 @@ class RotaryEmbedding(nn.Module):
         seq_dim = self._seq_dim(x, seq_dim)
         coords = self.text_positions(x.shape[seq_dim], offset, x.device)
         cos, sin = self.cos_sin(coords)
-        return apply_rotary_fused(x, cos, sin, channels=self.rope.channels, seq_dim=seq_dim)
+        return rotate_table(x, cos, sin, channels=self.rope.channels, seq_dim=seq_dim)
 
     def rotate_queries_with_cached_keys(
         self, q: torch.Tensor, k: torch.Tensor, seq_dim: int = -2, offset: int | float = 0
@@ -171,8 +174,9 @@ class RotaryEmbedding(nn.Module):
             coords = coords_or_layout
         else:
             coords = self.rope.coords(coords_or_layout)
-        cos, sin = self.cos_sin(coords)
-        return apply_rotary_qk_fused(q, k, cos, sin, channels=self.rope.channels, seq_dim=sd)
+        check_qk(q, k)
+        cos, sin = self.cos_sin(match_coords_batch(coords, q) if isinstance(coords, torch.Tensor) else coords)
+        return rotate_qk_tables(q, k, cos, sin, channels=self.rope.channels, seq_dim=sd)
 
     forward = rotate
 

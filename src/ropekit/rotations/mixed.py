@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ..apply._inputs import canonical_seq_dim, check_qk, resolve_coords
+from ..apply._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ..apply.fused import apply_rotary_qk_fused
 from ..apply.planar import cos_sin
 from ..designs.registry import positions
@@ -125,7 +125,7 @@ class MixedFrequencies(nn.Module):
         for name, t in (("q", q), ("k", k)):
             if t.shape[hdim] != self.num_heads:
                 raise ValueError(f"`{name}` has {t.shape[hdim]} heads but these frequencies have num_heads={self.num_heads}")
-        c, s = cos_sin(self(resolve_coords(coords, self.design, self.design_options, q.device)))
+        c, s = cos_sin(self(match_coords_batch(resolve_coords(coords, self.design, self.design_options, q.device), q)))
         if c.ndim == 3:  # (H, L, R/2): one batch entry shared by all
             c, s = c[None], s[None]
         return apply_rotary_qk_fused(q, k, c, s, seq_dim=seq_dim)

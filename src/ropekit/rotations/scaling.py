@@ -351,7 +351,8 @@ def scale_frequencies(
 ) -> tuple[torch.Tensor, float]:
     """Apply a context-extension method to a frequency matrix: returns ``(W', attention_factor)``.
 
-    ``W`` is ``(A, R/2)`` (a 1-D tensor of inverse frequencies is read as one axis and returned 1-D).
+    ``W`` is ``(A, R/2)`` (a 1-D tensor of inverse frequencies is read as one axis and returned 1-D), or
+    per head ``(H, A, R/2)`` (MHRoPE, RoPE-Mixed), each head scaled as its own ``(A, R/2)``.
     ``base`` is the RoPE base the frequencies were built with (default: the dict's ``rope_theta``, else
     10000); ``dim`` the length of the spectrum they come from (default ``R = 2·W.shape[-1]``; for the
     axial allocation pass ``R / A``, each axis having its own full spectrum). ``seq_len`` is the current
@@ -362,10 +363,13 @@ def scale_frequencies(
     s = parse_scaling(scaling, max_position_embeddings=max_position_embeddings)
     if not isinstance(W, torch.Tensor) or not W.is_floating_point():
         raise TypeError(f"`W` must be a floating-point tensor (A, R/2), got {getattr(W, 'dtype', type(W))}")
+    if W.ndim == 3 and W.shape[0]:  # per head: every head's (A, R/2) on its own, one attention factor for all
+        heads = [scale_frequencies(w, s, base=base, dim=dim, seq_len=seq_len) for w in W.unbind(0)]
+        return torch.stack([w for w, _ in heads]), heads[0][1]
     one_d = W.ndim == 1
     W2 = W[None] if one_d else W
     if W2.ndim != 2:
-        raise ValueError(f"`W` must be (A, R/2) or (R/2,), got shape {tuple(W.shape)}")
+        raise ValueError(f"`W` must be (A, R/2), (H, A, R/2) or (R/2,), got shape {tuple(W.shape)}")
     if not torch.isfinite(W2).all():
         raise ValueError("`W` contains non-finite values")
     base = _base(s, base)
