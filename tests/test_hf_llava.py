@@ -369,6 +369,7 @@ def test_qwen2_vl_rope_scaling_gives_the_stock_logits(kind):
 
 # --------------------------------------------------------------------------------------------------
 # LLaVA-OneVision: base-grid images (several per sample), each followed by a newline token
+# (tiled images and videos: tests/test_hf_llava_anyres.py)
 
 
 @pytest.fixture(scope="module")
@@ -419,18 +420,5 @@ def test_onevision_base_grids(onevision):
         assert torch.equal(got[0][:, 0], ropekit.positions(layout, "circle").T)
         assert torch.equal(got[1][:, 0], ropekit.positions(layout, "mrope").T)
         _generate_and_replay(onevision, inputs)
-    finally:
-        unpatch_model(onevision)
-
-
-def test_onevision_refuses_tiled_images_and_videos(onevision):
-    inputs, _ = _onevision_batch()
-    patch_model(onevision, "mrope")
-    try:
-        tiled = dict(inputs, batch_num_images=torch.tensor([1]))  # one image per sample: anyres tiles
-        with pytest.raises(ValueError, match="only base-grid images.*anyres"):
-            onevision(**tiled)
-        with pytest.raises(ValueError, match="videos are not supported"):
-            onevision(input_ids=torch.tensor([[5] + [71] * 4]), pixel_values_videos=torch.randn(1, 1, 3, 4, 4))
     finally:
         unpatch_model(onevision)
