@@ -32,9 +32,21 @@ import ropekit
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
 from ropekit.hf.persist import CONFIG_KEY
-from test_hf_llava import DESIGNS, TEXT_1D_DESIGNS, _generate_and_replay, _stock_positions, reference_positions
+from test_hf_llava import (  # the LLaVA tests' helpers and token ids
+    DESIGNS,
+    IMG,
+    PAD,
+    TEXT_1D_DESIGNS,
+    _generate_and_replay,
+    assert_design_positions,
+    assert_text_only_is_stock,
+    assert_vanilla_is_stock,
+    checkpointed_gradients,
+    pad_rows,
+    reference_positions,
+)
 
-IMG, VID, PAD = 70, 71, 0
+VID = 71
 S = 4  # image_size 8 / patch_size 2: a 4x4 patch grid per view, tile and frame
 FRAMES = 2
 PINPOINTS = [[8, 8], [8, 16], [16, 8], [16, 16], [8, 24], [16, 24]]
@@ -179,13 +191,7 @@ def make_batch(model, samples, pad="left", seed=0, several=()):
         rows.append(ids)
         layouts.append(Layout(lay))
         counts.append(n_img)
-    L = max(map(len, rows))
-    input_ids = torch.full((len(rows), L), PAD)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
-    for b, ids in enumerate(rows):
-        sl = slice(L - len(ids), L) if pad == "left" else slice(0, len(ids))
-        input_ids[b, sl] = torch.tensor(ids)
-        mask[b, sl] = 1
+    input_ids, mask = pad_rows(rows, pad)
     inputs = dict(input_ids=input_ids, attention_mask=mask, image_sizes=torch.tensor(sizes),
                   pixel_values=torch.randn(len(sizes), max(tiles), 3, 2 * S, 2 * S, generator=g))
     if model.family == "onevision":
@@ -224,40 +230,25 @@ def test_onevision_shrinks_large_views_and_keeps_several_images_untiled(model):
 @pytest.mark.parametrize("design", DESIGNS)
 def test_every_layer_gets_the_design_positions(model, design):
     inputs, layouts = make_batch(model, _samples(model))
-    patch_model(model, design)
-    with torch.no_grad():
-        model(**inputs)
-    expected = reference_positions(inputs, layouts, design)
-    valid = inputs["attention_mask"].bool()
-    got = last_positions(model)
-    assert sorted(got) == list(range(len(model.model.language_model.layers)))
-    for p in got.values():
-        assert torch.equal(p[:, valid], expected[:, valid])
+    assert_design_positions(model, inputs, layouts, design)
 
 
 def test_vanilla_with_images_and_videos_is_the_stock_model(model):
-    inputs, _ = make_batch(model, _samples(model))
-    keep = inputs["attention_mask"].bool()
-    with torch.no_grad():
-        ref = model(**inputs, position_ids=_stock_positions(inputs["attention_mask"])).logits
-        gref = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-        patch_model(model, "vanilla")
-        out = model(**inputs).logits
-        gout = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-    assert torch.equal(out[keep], ref[keep])
-    assert torch.equal(gout, gref)
+    assert_vanilla_is_stock(model, make_batch(model, _samples(model))[0])
 
 
 @pytest.mark.parametrize("design", TEXT_1D_DESIGNS[::3])
 def test_text_only_is_the_stock_model(model, design):
-    ids = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    assert_text_only_is_stock(model, design)
+
+
+def test_vision_token_ids_without_pixels_are_text_as_in_the_stock_model(model):
+    ids = torch.tensor([[5, 6] + [IMG] * 5 + [7] + [VID] * 3 + [8]])
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-        gref = model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
-        patch_model(model, design)
+        patch_model(model, "circle")
         out = model(input_ids=ids).logits
-        gout = model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
-    assert torch.equal(out, ref) and torch.equal(gout, gref)
+    assert torch.equal(out, ref)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,8 +263,10 @@ def test_cached_generation_matches_teacher_forcing(model, design):
 
 
 def test_age_generation(model):
-    several = model.family == "onevision"
-    inputs, _ = make_batch(model, _samples(model) + SEVERAL[:1] * several, several=(len(_samples(model)),) * several)
+    samples, several = _samples(model), ()
+    if model.family == "onevision":  # with a sample of two base-view images
+        samples, several = samples + SEVERAL[:1], (len(samples),)
+    inputs, _ = make_batch(model, samples, several=several)
     patch_model(model, ("vrope", "mrope"), age="alternate")
     assert layer_designs(model) == ["vrope", "mrope", "vrope"]
     _generate_and_replay(model, inputs)
@@ -291,24 +284,9 @@ def _labels(inputs):
 def test_training_step_and_gradient_checkpointing(model):
     inputs, _ = make_batch(model, _samples(model), pad="right")
     patch_model(model, ("circle", "mrope"), age="alternate")
-
-    def grads():
-        model.zero_grad()
-        loss = model(**inputs, labels=_labels(inputs)).loss
-        loss.backward()
-        g = [l.self_attn.k_proj.weight.grad.clone() for l in model.model.language_model.layers]
-        g.append(model.model.multi_modal_projector.linear_1.weight.grad.clone())
-        model.zero_grad()
-        return loss, g
-
-    model.train()
-    try:
-        loss, plain = grads()
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        _, ckpt = grads()
-    finally:
-        model.activation_checkpointing_disable()
-        model.eval()
+    params = [l.self_attn.k_proj.weight for l in model.model.language_model.layers]
+    params.append(model.model.multi_modal_projector.linear_1.weight)
+    loss, plain, ckpt = checkpointed_gradients(model, inputs, _labels(inputs), params)
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in plain)
     for a, b in zip(plain, ckpt):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
