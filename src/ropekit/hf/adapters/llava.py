@@ -64,10 +64,10 @@ class Llava(Adapter):
             raise ValueError(f"patch_model: vision image_size {size} is not a multiple of patch_size {patch}")
         return size // patch, int(cls and strategy == "full")
 
-    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any]:
+    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
         encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
         if kwargs.get("pixel_values") is None and encoded is None:
-            return torch.zeros_like(types), None, None  # image token ids without images are text, as in the stock model
+            return torch.zeros_like(types), None, None  # image token ids without images are text, as in stock
         strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
         side, cls = self.grid(inner.config, strategy)
         return (*image_runs(types, side, cls), None)
@@ -107,20 +107,18 @@ def _tokens(part: Any) -> int:
     return part if isinstance(part, int) else part[0] * part[1] * part[2]
 
 
-def image_runs(types: torch.Tensor, side: int, cls: int, newline: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def image_runs(types: torch.Tensor, side: int, cls: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Split the image tokens (type 1, in batch-row order, as the model fills them) into images of
-    ``cls + side² + newline`` tokens; a leading CLS token and a trailing newline token of each become text.
-    Returns (types, image_grid_thw)."""
-    per = side * side + cls + newline
+    ``cls + side²`` tokens; a leading CLS token of each becomes text. Returns (types, image_grid_thw)."""
+    per = side * side + cls
     count = int((types == 1).sum())
     if count % per:
-        extra = (" + CLS" if cls else "") + (" + newline" if newline else "")
         raise ValueError(
             f"patched model: {count} image tokens are not a whole number of images of {per} tokens "
-            f"({side}x{side} patches{extra}, from the vision config); give {per} image tokens per image"
+            f"({side}x{side} patches{' + CLS' if cls else ''}, from the vision config); give {per} image tokens "
+            f"per image"
         )
-    types, grids = place_items(types, 1, [base_item(side, cls, newline)] * (count // per), "image")
-    return types, grids
+    return place_items(types, 1, [base_item(side, cls)] * (count // per), "image")
 
 
 def base_item(side: int, cls: int = 0, newline: int = 0) -> Item:

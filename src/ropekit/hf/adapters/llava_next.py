@@ -154,7 +154,9 @@ def unpadded_grid(config: Any, size: list[int], side: int) -> tuple[int, int]:
 
     pinpoints = config.image_grid_pinpoints
     if not isinstance(pinpoints, list) or not pinpoints:
-        raise ValueError(f"patch_model: config.image_grid_pinpoints must be a list of (height, width), got {pinpoints!r}")
+        raise ValueError(
+            f"patch_model: config.image_grid_pinpoints must be a list of (height, width) resolutions, got {pinpoints!r}"
+        )
     tiles_h, tiles_w = get_anyres_image_grid_shape(size, pinpoints, config.vision_config.image_size)
     view = unpad_image(torch.empty(0, tiles_h * side, tiles_w * side), size)
     return int(view.shape[1]), int(view.shape[2])
