@@ -96,6 +96,13 @@ def make_batch(model, samples=SAMPLES, pad="left", seed=0):
                 images += 1
         rows.append(ids)
         layouts.append(Layout(lay))
+    input_ids, mask = pad_rows(rows, pad)
+    pixels = torch.randn(images, 3, 2 * SIDE, 2 * SIDE, generator=g)
+    return dict(input_ids=input_ids, attention_mask=mask, pixel_values=pixels), layouts
+
+
+def pad_rows(rows, pad="left"):
+    """(input_ids, attention_mask) of token id lists padded with PAD on the ``pad`` side."""
     L = max(map(len, rows))
     input_ids = torch.full((len(rows), L), PAD)
     mask = torch.zeros(len(rows), L, dtype=torch.long)
@@ -103,8 +110,7 @@ def make_batch(model, samples=SAMPLES, pad="left", seed=0):
         sl = slice(L - len(ids), L) if pad == "left" else slice(0, len(ids))
         input_ids[b, sl] = torch.tensor(ids)
         mask[b, sl] = 1
-    pixels = torch.randn(images, 3, 2 * SIDE, 2 * SIDE, generator=g)
-    return dict(input_ids=input_ids, attention_mask=mask, pixel_values=pixels), layouts
+    return input_ids, mask
 
 
 def reference_positions(inputs, layouts, design, **options):
@@ -124,44 +130,56 @@ def _stock_positions(mask):
 # positions and stock equality
 
 
-@pytest.mark.parametrize("design", DESIGNS)
-def test_every_layer_gets_the_design_positions(llava, design):
-    inputs, layouts = make_batch(llava)
-    patch_model(llava, design)
+def assert_design_positions(model, inputs, layouts, design):
+    """Every decoder layer of ``model`` patched with ``design`` gets the design's positions of ``layouts``."""
+    patch_model(model, design)
     with torch.no_grad():
-        llava(**inputs)
+        model(**inputs)
     expected = reference_positions(inputs, layouts, design)
     valid = inputs["attention_mask"].bool()
-    got = last_positions(llava)
-    assert sorted(got) == list(range(len(llava.model.language_model.layers)))
+    got = last_positions(model)
+    assert sorted(got) == list(range(len(model.model.language_model.layers)))
     for p in got.values():
         assert torch.equal(p[:, valid], expected[:, valid])
 
 
-def test_vanilla_with_images_is_the_stock_model(llava):
-    inputs, _ = make_batch(llava)
+def assert_vanilla_is_stock(model, inputs):
+    """The `vanilla` patch gives the stock logits and `generate` output (stock positions as generate counts)."""
     keep = inputs["attention_mask"].bool()
     with torch.no_grad():
-        ref = llava(**inputs, position_ids=_stock_positions(inputs["attention_mask"])).logits
-        gref = llava.generate(**inputs, max_new_tokens=3, do_sample=False)
-        patch_model(llava, "vanilla")
-        out = llava(**inputs).logits
-        gout = llava.generate(**inputs, max_new_tokens=3, do_sample=False)
+        ref = model(**inputs, position_ids=_stock_positions(inputs["attention_mask"])).logits
+        gref = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+        patch_model(model, "vanilla")
+        out = model(**inputs).logits
+        gout = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     assert torch.equal(out[keep], ref[keep])
     assert torch.equal(gout, gref)
 
 
+def assert_text_only_is_stock(model, design):
+    ids = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        gref = model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+        patch_model(model, design)
+        out = model(input_ids=ids).logits
+        gout = model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(out, ref) and torch.equal(gout, gref)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_every_layer_gets_the_design_positions(llava, design):
+    inputs, layouts = make_batch(llava)
+    assert_design_positions(llava, inputs, layouts, design)
+
+
+def test_vanilla_with_images_is_the_stock_model(llava):
+    assert_vanilla_is_stock(llava, make_batch(llava)[0])
+
+
 @pytest.mark.parametrize("design", TEXT_1D_DESIGNS)
 def test_text_only_is_the_stock_model(clip, design):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 60, (2, 7), generator=g)
-    with torch.no_grad():
-        ref = clip(input_ids=ids).logits
-        gref = clip.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
-        patch_model(clip, design)
-        out = clip(input_ids=ids).logits
-        gout = clip.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
-    assert torch.equal(out, ref) and torch.equal(gout, gref)
+    assert_text_only_is_stock(clip, design)
 
 
 def test_image_tokens_without_pixels_are_text_as_in_the_stock_model(clip):
@@ -243,26 +261,34 @@ def test_training_step(llava, design):
     llava.zero_grad()
 
 
+def checkpointed_gradients(model, inputs, labels, params):
+    """(loss, gradients of ``params``, the same under gradient checkpointing) of one training step."""
+
+    def grads():
+        model.zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        g = [p.grad.clone() for p in params]
+        model.zero_grad()
+        return loss, g
+
+    model.train()
+    try:
+        loss, plain = grads()
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        _, ckpt = grads()
+    finally:
+        model.activation_checkpointing_disable()
+        model.eval()
+    return loss, plain, ckpt
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(clip):
     inputs, _ = make_batch(clip)
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     patch_model(clip, ("vrope", "mrope"), age="alternate")
-
-    def grads():
-        clip.zero_grad()
-        clip(**inputs, labels=labels).loss.backward()
-        g = [l.self_attn.k_proj.weight.grad.clone() for l in clip.model.language_model.layers]
-        clip.zero_grad()
-        return g
-
-    clip.train()
-    try:
-        plain = grads()
-        clip.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        ckpt = grads()
-    finally:
-        clip.activation_checkpointing_disable()
-        clip.eval()
+    params = [l.self_attn.k_proj.weight for l in clip.model.language_model.layers]
+    _, plain, ckpt = checkpointed_gradients(clip, inputs, labels, params)
     for a, b in zip(plain, ckpt):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
@@ -369,6 +395,7 @@ def test_qwen2_vl_rope_scaling_gives_the_stock_logits(kind):
 
 # --------------------------------------------------------------------------------------------------
 # LLaVA-OneVision: base-grid images (several per sample), each followed by a newline token
+# (tiled images and videos: tests/test_hf_llava_anyres.py)
 
 
 @pytest.fixture(scope="module")
@@ -419,18 +446,5 @@ def test_onevision_base_grids(onevision):
         assert torch.equal(got[0][:, 0], ropekit.positions(layout, "circle").T)
         assert torch.equal(got[1][:, 0], ropekit.positions(layout, "mrope").T)
         _generate_and_replay(onevision, inputs)
-    finally:
-        unpatch_model(onevision)
-
-
-def test_onevision_refuses_tiled_images_and_videos(onevision):
-    inputs, _ = _onevision_batch()
-    patch_model(onevision, "mrope")
-    try:
-        tiled = dict(inputs, batch_num_images=torch.tensor([1]))  # one image per sample: anyres tiles
-        with pytest.raises(ValueError, match="only base-grid images.*anyres"):
-            onevision(**tiled)
-        with pytest.raises(ValueError, match="videos are not supported"):
-            onevision(input_ids=torch.tensor([[5] + [71] * 4]), pixel_values_videos=torch.randn(1, 1, 3, 4, 4))
     finally:
         unpatch_model(onevision)

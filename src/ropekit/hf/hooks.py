@@ -166,9 +166,10 @@ def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
         types = st.token_types(state, input_ids, None, *ref.shape[:2], ref.device)
     else:
         types = _types_from_embeddings(hook, embeds)
-    types, grids = state.adapter.vision_inputs(hook.owner, types, given)
+    types, grids, videos = state.adapter.vision_inputs(hook.owner, types, given)
     # with the token types given, only the shape and device of `inputs_embeds` are read
-    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, attention_mask=given.get("attention_mask"),
+    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, video_grid_thw=videos,
+                            attention_mask=given.get("attention_mask"),
                             past_key_values=given.get("past_key_values"), mm_token_type_ids=types)
     return hook.call_previous(*args, **kwargs)
 

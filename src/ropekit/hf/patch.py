@@ -180,7 +180,8 @@ def patch_model(
     sections: Optional[Sequence[int]] = None,
     **design_options: Any,
 ) -> nn.Module:
-    """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / LLaVA instance use ropekit positions and rotations.
+    """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / LLaVA(-NeXT, -NeXT-Video, -OneVision) instance use
+    ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one

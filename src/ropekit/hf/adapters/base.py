@@ -47,7 +47,8 @@ class Adapter:
         """The video grids ropekit places (a family may split a video into per-frame grids)."""
         return video_grid_thw
 
-    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any]:
-        """1-D families: (token types, image_grid_thw) of one forward, from the image tokens ``types`` marks
-        (1) and the model's vision config; ``kwargs`` are the forward's arguments."""
+    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
+        """1-D families: (token types, image_grid_thw, video_grid_thw) of one forward, from the image (1) and
+        video (2) tokens ``types`` marks and the model's vision config; ``kwargs`` are the forward's arguments.
+        Tokens the model fills with something that is no grid cell come back as text (0)."""
         raise NotImplementedError

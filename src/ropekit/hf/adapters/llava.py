@@ -9,7 +9,7 @@ image's run of tokens; it is placed as a text token right before the grid. SigLI
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -64,31 +64,63 @@ class Llava(Adapter):
             raise ValueError(f"patch_model: vision image_size {size} is not a multiple of patch_size {patch}")
         return size // patch, int(cls and strategy == "full")
 
-    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any]:
+    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
         encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
         if kwargs.get("pixel_values") is None and encoded is None:
-            return torch.zeros_like(types), None  # image token ids without images are text, as in the stock model
+            return torch.zeros_like(types), None, None  # image token ids without images are text, as in stock
         strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
         side, cls = self.grid(inner.config, strategy)
-        return image_runs(types, side, cls)
+        return (*image_runs(types, side, cls), None)
 
 
-def image_runs(types: torch.Tensor, side: int, cls: int, newline: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+Item = list  # one image or video as the model fills its tokens: ints (that many text tokens) and (t, h, w) grids
+
+
+def place_items(types: torch.Tensor, kind: int, items: Optional[list[Item]], what: str) -> tuple[torch.Tensor, Any]:
+    """Cut the tokens of ``kind`` (in batch-row order, as the model fills them) into ``items`` in order.
+
+    Each item lists its parts: an int ``n`` is ``n`` tokens placed as text (a CLS or newline feature),
+    a ``(t, h, w)`` tuple a grid of ``t·h·w`` tokens. ``items=None`` (no images/videos given): the tokens
+    are text, as in the stock model. Returns (types, grids ``(n, 3)`` or None); ``what`` names the input
+    in the error raised when the token count is not the items' count.
+    """
+    if items is None:
+        return types.masked_fill(types == kind, 0), None
+    parts = [p for item in items for p in item]
+    flat = torch.cat([torch.full((_tokens(p),), 0 if isinstance(p, int) else kind) for p in parts]
+                     or [torch.zeros(0, dtype=torch.long)])
+    is_kind = types == kind
+    count = int(is_kind.sum())
+    if count != flat.numel():
+        per = [sum(_tokens(p) for p in item) for item in items]
+        raise ValueError(
+            f"patched model: the input holds {count} {what} tokens but its {len(items)} {what}(s) fill {flat.numel()} "
+            f"(tokens per {what}: {per}, from the {what} sizes and the model's config); give each {what} the "
+            f"tokens the model's processor gives it"
+        )
+    types = types.masked_scatter(is_kind, flat.to(types.device, types.dtype))
+    grids = [p for p in parts if not isinstance(p, int)]
+    return types, torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+
+
+def _tokens(part: Any) -> int:
+    return part if isinstance(part, int) else part[0] * part[1] * part[2]
+
+
+def image_runs(types: torch.Tensor, side: int, cls: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Split the image tokens (type 1, in batch-row order, as the model fills them) into images of
-    ``cls + side² + newline`` tokens; a leading CLS token and a trailing newline token of each become text.
-    Returns (types, image_grid_thw)."""
-    per = side * side + cls + newline
-    is_image = (types == 1).reshape(-1)
-    count = int(is_image.sum())
+    ``cls + side²`` tokens; a leading CLS token of each becomes text. Returns (types, image_grid_thw)."""
+    per = side * side + cls
+    count = int((types == 1).sum())
     if count % per:
-        extra = (" + CLS" if cls else "") + (" + newline" if newline else "")
         raise ValueError(
             f"patched model: {count} image tokens are not a whole number of images of {per} tokens "
-            f"({side}x{side} patches{extra}, from the vision config); give {per} image tokens per image"
+            f"({side}x{side} patches{' + CLS' if cls else ''}, from the vision config); give {per} image tokens "
+            f"per image"
         )
-    order = is_image.long().cumsum(0) - 1
-    if cls:
-        types = types.masked_fill((is_image & (order % per == 0)).view_as(types), 0)
-    if newline:
-        types = types.masked_fill((is_image & (order % per == per - 1)).view_as(types), 0)
-    return types, torch.tensor([[1, side, side]]).repeat(count // per, 1)
+    return place_items(types, 1, [base_item(side, cls)] * (count // per), "image")
+
+
+def base_item(side: int, cls: int = 0, newline: int = 0) -> Item:
+    """One image as the vision tower's base grid, with a leading CLS and a trailing newline token as text."""
+    return ([cls] if cls else []) + [(1, side, side)] + ([newline] if newline else [])

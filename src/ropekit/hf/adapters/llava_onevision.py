@@ -1,50 +1,62 @@
-"""LLaVA-OneVision, base-grid images only: in a sample with several images each image is the vision
-tower's base grid (``image_size / patch_size`` per side) followed by one newline token, placed as text.
+"""LLaVA-OneVision: LLaVA-NeXT's tiled images and pooled videos, with three differences in how the model
+fills the tokens (transformers' ``get_image_features`` / ``get_video_features``).
 
-A single image per sample is tiled ("anyres": the base grid, then the unpadded tiles with a newline token
-per row, possibly resized), and videos are pooled frame grids; neither is placed by this adapter, so they
-are refused with a ValueError rather than placed as something they are not.
+- Only a sample's single image is tiled (``batch_num_images`` of 1, or no ``batch_num_images`` at all);
+  in a sample with several images each image is the base view alone followed by one newline feature,
+  placed as a text token after its grid.
+- The high-resolution view is shrunk (bilinear) when it holds more than ``1.1² · N`` base views' worth of
+  patches, ``N`` from the config's ``vision_aspect_ratio`` ``"anyres_max_N"``; the grid placed is the
+  shrunk one. (The model's forward reads ``vision_aspect_ratio`` from its config only.)
+- A video's frames are pooled to ``ceil(s / 2)`` per side, and one newline feature follows the frames of
+  each video: placed as a text token after the video's block.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from .llava import Llava, image_runs
+from .llava import Llava
+from .llava_next import LlavaNext
 
 
-class LlavaOnevision(Llava):
+class LlavaOnevision(LlavaNext):
     model_type = "llava_onevision"
+    name = "LLaVA-OneVision"
+    video_newline = 1
 
-    def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any]:
-        encoded = kwargs.get("mm_encoder_outputs") or {}
-        if kwargs.get("pixel_values_videos") is not None or encoded.get("video") is not None:
+    def check(self, inner: nn.Module) -> None:
+        Llava.check(self, inner)  # base-view images may keep a CLS feature; tiles are checked when they come
+
+    def tiled(self, kwargs: dict, count: int) -> list[bool]:
+        per_sample = kwargs.get("batch_num_images")
+        if per_sample is None:
+            return [True] * count
+        per_sample = [int(n) for n in torch.as_tensor(per_sample).reshape(-1)]
+        flags = [n == 1 for n in per_sample for _ in range(n)]
+        if len(flags) != count:
             raise ValueError(
-                "patched LLaVA-OneVision: videos are not supported (their pooled frame grids are not placed); "
-                "patch a Qwen-VL model for video, or run the stock model"
+                f"patched {self.name}: `batch_num_images` {per_sample} counts {len(flags)} images but `image_sizes` "
+                f"holds {count}; give one count per sample, summing to the number of images"
             )
-        types = types.masked_fill(types == 2, 0)  # video token ids without videos are text, as in the stock model
-        if kwargs.get("pixel_values") is None and encoded.get("image") is None:
-            return torch.zeros_like(types), None
-        self._check_base_grids(inner, kwargs, encoded.get("image"))
-        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
-        side, cls = self.grid(inner.config, strategy)
-        return image_runs(types, side, cls, newline=1)
+        return flags
 
-    def _check_base_grids(self, inner: nn.Module, kwargs: dict, encoded: Any) -> None:
-        """Refuse tiled (anyres) images: the model tiles every image of a sample holding only one."""
-        message = (
-            "patched LLaVA-OneVision: only base-grid images are supported (samples with several images, "
-            "`batch_num_images` > 1 each); a single image per sample is tiled (anyres), which is not placed"
-        )
-        if encoded is not None:
-            side, cls = self.grid(inner.config, kwargs.get("vision_feature_select_strategy")
-                                     or inner.config.vision_feature_select_strategy)
-            if any(f.shape[0] != side * side + cls + 1 for f in encoded.pooler_output):
-                raise ValueError(message)
-            return
-        counts = kwargs.get("batch_num_images")
-        if counts is None or any(int(n) == 1 for n in torch.as_tensor(counts).reshape(-1)):
-            raise ValueError(message)
+    def shrink(self, config: Any, rows: int, cols: int, side: int) -> tuple[int, int]:
+        spec = config.vision_aspect_ratio
+        try:
+            most = int(str(spec).strip("anyres_max_"))  # how transformers reads "anyres_max_N"
+            if most < 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"patch_model: config.vision_aspect_ratio must look like 'anyres_max_9', got {spec!r}"
+            ) from None
+        ratio = math.sqrt(rows * cols / (most * side ** 2))
+        if ratio > 1.1:
+            return int(rows // ratio), int(cols // ratio)
+        return rows, cols
+
+    def pooled_side(self, config: Any, side: int) -> int:
+        return math.ceil(side / 2)
