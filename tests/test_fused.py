@@ -88,21 +88,34 @@ def two_threads():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("channels,seq_dim,cos_dims,rot", [("half", -2, 2, 12), ("interleaved", 1, 3, 8)])
 def test_threaded_blocks_equal_eager_bit_for_bit(monkeypatch, two_threads, dtype, channels, seq_dim, cos_dims, rot):
-    # with 2 torch threads the blocks run on the worker pool: 13 positions in blocks of 2 is 7 blocks, an odd
-    # count with a ragged last one, so both workers take blocks and the last block is short
+    # with 2 torch threads the caller and a pool worker share the blocks: 13 positions in blocks of 2 is 7
+    # blocks, an odd count with a ragged last one; a thread's first block waits until the other thread has
+    # started one too, so both compute blocks however the machine schedules them
+    import threading
+
     from ropekit.apply import _parallel
 
-    ran_on = set()
+    ran_on, started, both = [], set(), threading.Event()
     real = fused._rotate_block
-    monkeypatch.setattr(fused, "_rotate_block", lambda *a: (ran_on.add(_parallel.threading.current_thread().name),
-                                                            real(*a))[1])
+
+    def block(*a):
+        name = threading.current_thread().name
+        started.add(name)
+        if len(started) == 2:
+            both.set()
+        both.wait(10)
+        real(*a)
+        ran_on.append(name)
+
+    monkeypatch.setattr(fused, "_rotate_block", block)
     monkeypatch.setattr(fused, "_BLOCK_ELEMS", 2 * 2 * 3 * 12)  # 2 positions per block (B=2, H=3, D=12)
     q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, Hk=3, L=13, rot=rot, cos_dims=cos_dims, seed=3)
     ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
     out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
     assert all(torch.equal(o, r) for o, r in zip(out, ref))
-    assert ran_on and all(name.startswith("ropekit-blocks") for name in ran_on)
-    assert torch.get_num_threads() == 2  # building the worker pool left the caller's thread count alone
+    assert len(ran_on) == 14 and any(n.startswith(_parallel._WORKER_PREFIX) for n in ran_on)
+    assert threading.current_thread().name in ran_on
+    assert torch.get_num_threads() == 2  # the pool and the caller's single-threaded blocks left the setting alone
 
 
 def test_threaded_blocks_propagate_worker_errors(two_threads):
@@ -271,3 +284,28 @@ def test_triton_keeps_float64_and_cos_grads_on_torch_path(interpret):
     q32, k32, cos32, sin32 = _inputs(torch.float32)
     assert not triton_rope.supports(q32, k32, cos32.requires_grad_(True), sin32)
     assert fused._triton_ok(q32, k32, cos32.detach(), sin32, -2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bad,where", [(float("nan"), 0), (float("inf"), 6), (-float("inf"), 12), (1e39, 9)])
+def test_non_finite_cos_sin_raise_on_every_path(monkeypatch, threads, bad, where):
+    # the fused path checks cos/sin once for q and k, split over the worker jobs when blocks are threaded;
+    # every path must reject a bad value wherever it sits (1e39 is finite in float64, inf in float32)
+    monkeypatch.setattr(fused, "_BLOCK_ELEMS", 2 * 2 * 3 * 12)  # 7 blocks of 2 positions
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for arg in (2, 3):  # cos, then sin
+            q, k, *cs = _inputs(torch.bfloat16, Hk=3, L=13, seed=4)
+            cs = [t.double() for t in cs]
+            cs[arg - 2][where, where % 6] = bad
+            for call in (lambda: apply_rotary_qk(q, k, *cs), lambda: apply_rotary_qk_fused(q, k, *cs),
+                         lambda: apply_rotary_fused(k, *cs)):
+                with pytest.raises(ValueError, match=f"`{('cos', 'sin')[arg - 2]}` holds NaN or inf in torch.float32"):
+                    call()
+            if bad == 1e39:  # float64 inputs rotate in float64, where the value is finite
+                out = apply_rotary_qk_fused(q.double(), k.double(), *cs)
+                ref = apply_rotary_qk(q.double(), k.double(), *cs)
+                assert all(torch.equal(o, r) for o, r in zip(out, ref))
+    finally:
+        torch.set_num_threads(before)

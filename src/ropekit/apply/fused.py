@@ -21,7 +21,7 @@ import torch
 
 from . import triton_rope
 from ._parallel import run_blocks
-from .planar import _broadcast, _validate
+from .planar import _broadcast, _validate, check_finite
 
 __all__ = ["apply_rotary_fused", "apply_rotary_qk_fused", "rotate_functional"]
 
@@ -143,18 +143,36 @@ def apply_rotary_qk_fused(
     different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
     or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels.
     """
-    rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q")
-    if _validate(k, cos, sin, channels, seq_dim, "k")[1] != seq_dim:
+    rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q", finite=False)
+    if _validate(k, cos, sin, channels, seq_dim, "k", finite=False)[1] != seq_dim:
         raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
-    use_triton = _triton_ok(q, k, cos, sin, seq_dim)
-    jobs: list = []  # eager CPU blocks of q and k, run together on the worker threads
-    out = (
-        _rotate_one(q, cos, sin, channels, seq_dim, rot, use_triton, jobs),
-        _rotate_one(k, cos, sin, channels, seq_dim, rot, use_triton, jobs),
-    )
+    return _apply((q, k), cos, sin, channels, seq_dim, rot)
+
+
+def _apply(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int) -> tuple:
+    """Rotate the validated tensors ``xs`` (one or q and k) with cos/sin whose values are not yet checked."""
+    use_triton = _triton_ok(xs[0], xs[-1], cos, sin, seq_dim)
+    jobs: list = []  # eager CPU blocks of every tensor, run together on the worker threads
+    out = tuple(_rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton, jobs) for x in xs)
+    # cos/sin are checked once for all tensors, in the working dtype of any (float32 unless all are float64)
+    dtype = torch.float64 if all(x.dtype == torch.float64 for x in xs) else torch.float32
     if jobs:  # never under torch.compile or on accelerators: nothing there is deferred
-        run_blocks(jobs)
+        # the checks run as jobs too, so no multi-threaded op runs out here
+        run_blocks(_finite_checks(cos, sin, dtype, pieces=max(1, len(jobs) // 8)) + jobs)
+    else:
+        check_finite(cos, "cos", dtype)
+        check_finite(sin, "sin", dtype)
     return out
+
+
+def _finite_checks(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pieces: int) -> list:
+    """Jobs checking that cos/sin are finite (:func:`.planar.check_finite`), each over a slice of positions.
+
+    With several torch threads a multi-threaded reduction over the tables would be one more fork/join
+    (each costing milliseconds when a sibling thread is descheduled); as jobs they share the block pool."""
+    return [lambda arg=arg, part=part: check_finite(part, arg, dtype)
+            for arg, t in (("cos", cos), ("sin", sin))
+            for part in t.tensor_split(min(pieces, max(1, t.shape[-2])), dim=-2)]
 
 
 def apply_rotary_fused(
@@ -166,6 +184,5 @@ def apply_rotary_fused(
     seq_dim: int = -2,
 ) -> torch.Tensor:
     """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics)."""
-    rot, seq_dim = _validate(x, cos, sin, channels, seq_dim)
-    use_triton = _triton_ok(x, x, cos, sin, seq_dim)
-    return _rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton)
+    rot, seq_dim = _validate(x, cos, sin, channels, seq_dim, finite=False)
+    return _apply((x,), cos, sin, channels, seq_dim, rot)[0]

@@ -41,9 +41,12 @@ def _broadcast(t: torch.Tensor, x: torch.Tensor, seq_dim: int) -> torch.Tensor:
 
 
 def _validate(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim, name: str = "x"
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim, name: str = "x",
+    *, finite: bool = True,
 ) -> tuple[int, int]:
-    """Check one apply call on tensor ``name``; returns the rotary width and the canonical ``seq_dim`` (-2 or 1)."""
+    """Check one apply call on tensor ``name``; returns the rotary width and the canonical ``seq_dim`` (-2 or 1).
+
+    ``finite=False`` leaves the values of cos/sin to the caller (:func:`check_finite` on each of them)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"apply_rotary: `{name}` must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
     for arg, t in (("cos", cos), ("sin", sin)):
@@ -62,7 +65,9 @@ def _validate(
     seq_dim = canonical_seq_dim(seq_dim, x.ndim)
     if cos.shape != sin.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
-    _check_finite_cos_sin(cos, sin, x.dtype)
+    if finite:
+        for arg, t in (("cos", cos), ("sin", sin)):
+            check_finite(t, arg, x.dtype)
     D = x.shape[-1]
     rot = 2 * cos.shape[-1]
     if D % 2:
@@ -87,14 +92,15 @@ def _validate(
     return rot, seq_dim
 
 
-def _check_finite_cos_sin(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> None:
-    """cos/sin must be finite in the working precision (checked on CPU, where it costs no device sync)."""
-    if torch.compiler.is_compiling() or cos.device.type != "cpu" or cos.numel() == 0:
+def check_finite(t: torch.Tensor, arg: str, dtype: torch.dtype) -> None:
+    """cos/sin ``t`` must be finite in the working precision of input ``dtype`` (checked on CPU only, where it
+    costs no device sync). One pass, no temporary: the smallest and largest value are finite in the working
+    dtype exactly when every value is (NaN propagates into both; the cast is monotonic)."""
+    if torch.compiler.is_compiling() or t.device.type != "cpu" or t.numel() == 0:
         return
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    for arg, t in (("cos", cos), ("sin", sin)):
-        if not math.isfinite(float(t.detach().to(work).abs().amax())):
-            raise ValueError(f"apply_rotary: `{arg}` holds NaN or inf in {work}; positions or angles are not finite")
+    if not all(math.isfinite(float(v.to(work))) for v in torch.aminmax(t.detach())):
+        raise ValueError(f"apply_rotary: `{arg}` holds NaN or inf in {work}; positions or angles are not finite")
 
 
 def apply_rotary(
