@@ -27,7 +27,7 @@ FAMILIES = ("learned", "none", "axial", "mixed", *(f"nd-{m}" for m in METHODS), 
 
 
 def check_family(name: str) -> str:
-    """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 0), else a ValueError listing them."""
+    """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 1, as GeoPE requires), else a ValueError."""
     if name in FAMILIES:
         return name
     if name.startswith("geope-lam"):
@@ -35,9 +35,9 @@ def check_family(name: str) -> str:
             lam = float(name[len("geope-lam"):])
         except ValueError:
             lam = -1.0
-        if lam > 0:
+        if lam > 1:
             return name
-    raise ValueError(f"unknown vision family {name!r}; choose one of {', '.join(FAMILIES)} or geope-lam<λ> (λ > 0)")
+    raise ValueError(f"unknown vision family {name!r}; choose one of {', '.join(FAMILIES)} or geope-lam<λ> (λ > 1)")
 
 
 def _rotary(family: str, head_dim: int, heads: int, layer: int):
