@@ -26,6 +26,9 @@ __all__ = ["FAMILIES", "check_family", "VisionViT", "grid_coords"]
 FAMILIES = ("learned", "none", "axial", "mixed", *(f"nd-{m}" for m in METHODS), "geope", "linear-geope")
 
 
+LINEAR_GEOPE_BLOCK = 256  # query block of Linear GeoPE attention (a 16×16 grid, or 256 points, is one block)
+
+
 def check_family(name: str) -> str:
     """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 1, as GeoPE requires), else a ValueError."""
     if name in FAMILIES:
@@ -65,7 +68,8 @@ class _Attention(nn.Module):
         B, L, _ = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.linear_geope:
-            out = linear_geope_attention(q, k, v, coords, block_size=256, use_checkpoint=False)
+            # past one query block each block is checkpointed, so backward keeps O(block · L), not O(L²)
+            out = linear_geope_attention(q, k, v, coords, block_size=LINEAR_GEOPE_BLOCK, use_checkpoint=L > LINEAR_GEOPE_BLOCK)
         else:
             if self.rotary is not None:
                 q, k = self.rotary.rotate(q, k, coords)
