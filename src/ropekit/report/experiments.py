@@ -135,6 +135,8 @@ def lambda_series(agg: dict, metric: str) -> list[tuple[float, dict]]:
 def plot_lambda_sweep(agg: dict, metrics: list, path: Path, reference: str = "axial") -> str | None:
     """GeoPE's metric against λ (log axis, 95 % band), ``reference`` as a horizontal line with its band; one
     panel per metric. None (and no file) when fewer than two λ values were run."""
+    from ..experiments.geope_sweep import DEFAULT_LAMBDA
+
     series = {k: lambda_series(agg, k) for k in metrics}
     series = {k: v for k, v in series.items() if len(v) >= 2}
     if not series:
@@ -149,6 +151,7 @@ def plot_lambda_sweep(agg: dict, metrics: list, path: Path, reference: str = "ax
         if ref is not None and "lo" in ref:
             ax.axhline(ref["mean"], color="k", ls="--", lw=1, label=f"{reference} RoPE")
             ax.axhspan(ref["lo"], ref["hi"], color="k", alpha=0.07)
+        ax.axvline(DEFAULT_LAMBDA, color="grey", ls=":", lw=1, label=f"default λ = {DEFAULT_LAMBDA:g}")
         ax.set_xscale("log")
         ax.set_xlabel("GeoPE λ (frequencies λ^(−i/n))")
         ax.set_ylabel(k)
