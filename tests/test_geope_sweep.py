@@ -27,7 +27,7 @@ def test_sweep_names_round_trip_and_default_is_geopes_own():
         assert geope_lambda(other) is None
 
 
-@pytest.mark.parametrize("name", ["geope-lam1", "geope-lam0.5"])
+@pytest.mark.parametrize("name", ["geope-lam1", "geope-lam0.5", "geope-laminf"])
 def test_lambda_at_most_one_is_refused_by_name_not_at_model_build(name):
     # GeoPE needs λ > 1; the family name check used to pass λ in (0, 1] and fail later inside the model
     with pytest.raises(ValueError):

@@ -9,6 +9,8 @@ or a slope.
 """
 from __future__ import annotations
 
+import math
+
 __all__ = ["DEFAULT_LAMBDA", "LAMBDAS", "SWEEP", "family_for", "geope_lambda"]
 
 DEFAULT_LAMBDA = 100.0  # the λ of family ``geope`` (GeoPE's own default)
@@ -29,7 +31,7 @@ def geope_lambda(family: str) -> float | None:
             lam = float(family[len("geope-lam"):])
         except ValueError:
             return None
-        return lam if lam > 1 else None
+        return lam if math.isfinite(lam) and lam > 1 else None
     return None
 
 

@@ -20,6 +20,7 @@ from ..apply.linear_geope import linear_geope_attention
 from ..rope import DirectionalRoPE, RoPE
 from ..rotations.directional import METHODS
 from ..rotations.mixed import MixedFrequencies
+from .geope_sweep import geope_lambda
 
 __all__ = ["FAMILIES", "check_family", "VisionViT", "grid_coords"]
 
@@ -31,15 +32,8 @@ LINEAR_GEOPE_BLOCK = 256  # query block of Linear GeoPE attention (a 16×16 grid
 
 def check_family(name: str) -> str:
     """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 1, as GeoPE requires), else a ValueError."""
-    if name in FAMILIES:
+    if name in FAMILIES or geope_lambda(name) is not None:
         return name
-    if name.startswith("geope-lam"):
-        try:
-            lam = float(name[len("geope-lam"):])
-        except ValueError:
-            lam = -1.0
-        if lam > 1:
-            return name
     raise ValueError(f"unknown vision family {name!r}; choose one of {', '.join(FAMILIES)} or geope-lam<λ> (λ > 1)")
 
 
@@ -69,7 +63,8 @@ class _Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.linear_geope:
             # past one query block each block is checkpointed, so backward keeps O(block · L), not O(L²)
-            out = linear_geope_attention(q, k, v, coords, block_size=LINEAR_GEOPE_BLOCK, use_checkpoint=L > LINEAR_GEOPE_BLOCK)
+            out = linear_geope_attention(q, k, v, coords, block_size=LINEAR_GEOPE_BLOCK,
+                                         use_checkpoint=L > LINEAR_GEOPE_BLOCK)
         else:
             if self.rotary is not None:
                 q, k = self.rotary.rotate(q, k, coords)
