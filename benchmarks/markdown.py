@@ -104,9 +104,24 @@ def curves_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def pointcloud_table(data: dict) -> str:
+    """Per point count and family: step time (wall, CPU), CPU ratio to axial, peak extra memory, and the
+    computed L² attention an unblocked layer would keep."""
+    rows = ["| points | family | step (wall) | step (CPU) | CPU × axial | peak extra memory | unblocked L² attention |",
+            "|---|---|---|---|---|---|---|"]
+    for r in data["results"][0]["rows"]:
+        if "error" in r:
+            rows.append(f"| {r['points']} | {r['family']} | failed: {r['error']} | | | | |")
+            continue
+        rows.append(f"| {r['points']} | {r['family']} | {r['step_s']:.2f} s | {r['step_cpu_s']:.2f} s | "
+                    f"×{r.get('cpu_vs_axial', float('nan')):.1f} | {r['extra_mib']:.0f} MiB | "
+                    f"{r['unblocked_attention_mib']:.0f} MiB |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     for name, render in (("apply", apply_table), ("index", index_table), ("geope", geope_table),
-                         ("curves", curves_table)):
+                         ("curves", curves_table), ("pointcloud", pointcloud_table)):
         path = RESULTS / f"{name}.json"
         if not path.exists():
             continue

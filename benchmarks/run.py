@@ -19,10 +19,11 @@ from . import geope as geope_bench
 from . import hf_e2e as hf_bench
 from . import index as index_bench
 from . import learned as learned_bench
+from . import pointcloud as pointcloud_bench
 from . import variants as variants_bench
 from .common import copy_bandwidth, machine
 
-SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf")
+SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf", "pointcloud")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiments": lambda: experiments_bench.run(quick=args.quick, repeat=repeat, log=log),
         "curves": lambda: curves_bench.run(quick=args.quick, repeat=repeat, log=log),
         "hf": lambda: hf_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "pointcloud": lambda: pointcloud_bench.run(quick=args.quick, repeat=repeat, log=log),
     }
     for name, run in plain.items():
         if name not in suites:

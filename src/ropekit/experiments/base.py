@@ -48,6 +48,8 @@ class Experiment:
     hyperparameters_note: str = ""
     # raises a clear ValueError for a design name this experiment cannot build (default: the decoder's names)
     check_design: Callable[[str], object] | None = None
+    # designs run by default at one preset on top of ``designs`` (e.g. GeoPE's λ sweep in ``full``)
+    preset_designs: dict = field(default_factory=dict)
 
 
 @torch.no_grad()

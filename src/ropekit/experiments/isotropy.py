@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .base import Claim, Experiment, correct
+from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import marker_batch
 from .vision import FAMILIES, HYPERPARAMETERS_NOTE, MODEL, TRAIN, check_family, make_vision_model
@@ -60,5 +61,7 @@ EXPERIMENT = register(Experiment(
     summary=__doc__.split("\n\n", 1)[1].strip().replace("\n", " "),
     designs=DESIGNS, presets=PRESETS, make_model=make_vision_model(BUCKETS), sampler=sampler,
     evaluate=evaluate, claims=CLAIMS, check_design=check_family, hyperparameters_note=HYPERPARAMETERS_NOTE,
-    figures={"polar": "acc_vs_angle", "curves": {"acc_vs_angle": "direction of target from anchor (degrees)"}},
+    figures={"polar": "acc_vs_angle", "curves": {"acc_vs_angle": "direction of target from anchor (degrees)"},
+             "lambda": ["acc", "angle_spread"]},
+    preset_designs={"full": SWEEP},
 ))

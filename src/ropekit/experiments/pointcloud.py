@@ -103,8 +103,8 @@ def mean_iou(conf: torch.Tensor) -> float:
     return float((tp[seen] / union[seen]).mean()) if seen.any() else float("nan")
 
 
-# run by default; linear-geope (exact but O(N²·D) per block on CPU, ~20 s a step at quick size on 2 busy
-# cores) is opt-in through --designs
+# run by default; linear-geope (exact, but 4.6x axial's CPU time per step at quick size plus a one-off kernel
+# compilation; see docs/experiments.md) is opt-in through --designs
 DESIGNS = tuple(f for f in FAMILIES if f != "linear-geope")
 EVAL_SEED = 20250303
 HYPERPARAMETERS_NOTE = "one setting for every family (chosen once, not tuned per family); see docs/experiments.md"

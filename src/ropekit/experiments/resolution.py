@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .base import Claim, Experiment, accuracy
+from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import SHAPES, TEXTURES, shape_batch
 from .vision import FAMILIES, HYPERPARAMETERS_NOTE, MODEL, TRAIN, check_family, make_vision_model
@@ -62,5 +63,7 @@ EXPERIMENT = register(Experiment(
     designs=DESIGNS, presets=PRESETS, make_model=make_vision_model(len(SHAPES)), sampler=sampler,
     evaluate=evaluate, claims=CLAIMS, check_design=check_family, hyperparameters_note=HYPERPARAMETERS_NOTE,
     figures={"curves": {"acc_vs_grid_zoom": "patch grid side, same scene at higher resolution (trained at 8)",
-                        "acc_vs_grid_canvas": "patch grid side, same-size objects on a larger canvas (trained at 8)"}},
+                        "acc_vs_grid_canvas": "patch grid side, same-size objects on a larger canvas (trained at 8)"},
+             "lambda": ["acc", "acc_zoom_max"]},
+    preset_designs={"full": SWEEP},
 ))

@@ -23,7 +23,7 @@ from .registry import get
 from .stats import mean_interval, paired_verdict
 from .train import TrainConfig, dist_info, train
 
-__all__ = ["run_experiment", "aggregate", "verdicts", "summary_table", "init_distributed"]
+__all__ = ["run_experiment", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table", "init_distributed"]
 
 PRESETS = ("micro", "quick", "full")
 
@@ -84,6 +84,11 @@ def _done_runs(path: Path, preset: str, cfg: dict) -> dict:
     return runs
 
 
+def default_designs(exp: Experiment, preset: str) -> list[str]:
+    """The designs run when none are named: the experiment's own, then those its preset adds (in order, once)."""
+    return list(dict.fromkeys(exp.designs + tuple(exp.preset_designs.get(preset, ()))))
+
+
 def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.device, *, ckpt: Path | None = None,
             progress: bool = False, stop_after: int | None = None) -> dict | None:
     """Train and evaluate one (design, seed); the run's record, or None when ``stop_after`` interrupted it."""
@@ -103,6 +108,7 @@ def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.de
             "hyperparameters": exp.hyperparameters_note, "metrics": metrics,
             "final_loss": sum(tail) / len(tail), "losses": res["losses"], "steps": res["steps"],
             "train_s": round(res["seconds"], 3), "train_cpu_s": round(res["cpu_seconds"], 3),
+            "first_step_s": round(res["first_step_s"], 4), "first_step_cpu_s": round(res["first_step_cpu_s"], 4),
             "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - c0, 3),
             "device": str(device), "world_size": dist_info()[1], "threads": torch.get_num_threads(),
             "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -115,7 +121,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     if preset not in exp.presets:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(exp.presets)}")
     cfg = exp.presets[preset]
-    chosen = list(designs or exp.designs)
+    chosen = list(designs or default_designs(exp, preset))
     from .models import layer_designs
 
     for d in chosen:
@@ -143,7 +149,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     runs = [done[(d, s)] for d in chosen for s in range(n_seeds)]
     agg = {"experiment": name, "preset": preset, "seeds": n_seeds, "designs": chosen, "config": cfg,
            "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
-           "claims": verdicts(exp, runs), "versions": _versions(),
+           "claims": verdicts(exp, runs), "cost": step_costs(runs), "versions": _versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if rank == 0:
         (folder / "aggregate.json").write_text(json.dumps(agg, indent=1))
@@ -169,6 +175,26 @@ def aggregate(runs: list[dict]) -> dict:
                 agg[key] = mean_interval([m[key] for m in ms])
         out[design] = agg
     return out
+
+
+def step_costs(runs: list[dict], reference: str = "axial") -> dict:
+    """Training time per step per design (wall and CPU seconds, mean over seeds) and its ratio to
+    ``reference`` when that design was run too. Each run's first step is left out when recorded (it carries
+    one-off costs such as compiling a kernel). Ratios compare runs of one ``runs.jsonl``, i.e. one machine;
+    on a shared machine the CPU ratio is the steadier one."""
+    per: dict[str, list[tuple[float, float]]] = {}
+    for r in runs:
+        skip = r["steps"] > 1 and "first_step_s" in r
+        n = r["steps"] - skip
+        per.setdefault(r["design"], []).append(((r["train_s"] - skip * r.get("first_step_s", 0.0)) / n,
+                                                (r["train_cpu_s"] - skip * r.get("first_step_cpu_s", 0.0)) / n))
+    out = {d: {"step_s": sum(w for w, _ in v) / len(v), "step_cpu_s": sum(c for _, c in v) / len(v), "runs": len(v)}
+           for d, v in per.items()}
+    ref = out.get(reference)
+    for c in out.values():
+        c["wall_ratio"] = c["step_s"] / ref["step_s"] if ref and ref["step_s"] > 0 else None
+        c["cpu_ratio"] = c["step_cpu_s"] / ref["step_cpu_s"] if ref and ref["step_cpu_s"] > 0 else None
+    return {"reference": reference if ref else None, "designs": out}
 
 
 def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
@@ -199,6 +225,12 @@ def summary_table(agg: dict) -> str:
     for d, m in metrics.items():
         lines.append(f"{d:<22}" + "".join(
             f"{m[k]['mean']:>9.3f} ± {(m[k]['hi'] - m[k]['lo']) / 2:<5.3f}" if k in m else f"{'-':>17}" for k in keys))
+    cost = agg.get("cost", {})
+    if cost.get("designs"):
+        ref = cost["reference"]
+        lines.append("seconds per training step (CPU)" + (f", × {ref}" if ref else "") + ": " + ", ".join(
+            f"{d} {c['step_cpu_s']:.3f}" + (f" ({c['cpu_ratio']:.2f}×)" if c["cpu_ratio"] else "")
+            for d, c in cost["designs"].items()))
     for c in agg["claims"]:
         a = c["advantage"]
         lines.append(f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .base import Claim, Experiment, accuracy
+from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import SHAPES, shape_batch
 from .vision import FAMILIES, HYPERPARAMETERS_NOTE, MODEL, TRAIN, check_family, make_vision_model
@@ -58,5 +59,6 @@ EXPERIMENT = register(Experiment(
     summary=__doc__.split("\n\n", 1)[1].strip().replace("\n", " "),
     designs=DESIGNS, presets=PRESETS, make_model=make_vision_model(len(SHAPES)), sampler=sampler,
     evaluate=evaluate, claims=CLAIMS, check_design=check_family, hyperparameters_note=HYPERPARAMETERS_NOTE,
-    figures={"bars": ["shape_bias", "clean_acc"]},
+    figures={"bars": ["shape_bias", "clean_acc"], "lambda": ["shape_bias", "clean_acc"]},
+    preset_designs={"full": SWEEP},
 ))

@@ -68,8 +68,10 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
           stop_after: int | None = None) -> dict:
     """Train ``model`` on ``sample(generator, global_batch)`` batches.
 
-    Returns ``{"losses", "steps", "seconds", "cpu_seconds", "stopped"}`` (``cpu_seconds``: this process's
-    CPU time, which on a shared machine estimates the wall time the run would take alone).
+    Returns ``{"losses", "steps", "seconds", "cpu_seconds", "first_step_s", "first_step_cpu_s", "stopped"}``
+    (``cpu_seconds``: this process's CPU time, which on a shared machine estimates the wall time the run
+    would take alone; ``first_step_*``: the first step of this call alone, which carries one-off costs such
+    as compiling a kernel, so that a per-step time can leave it out).
 
     With ``ckpt`` the state is saved every ``cfg.ckpt_every`` steps and a run finding the file resumes from
     it. ``stop_after`` ends the call after that many steps (having checkpointed) — a controlled stand-in
@@ -94,6 +96,7 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
     share = cfg.batch // world
     t0, c0 = time.perf_counter() - seconds, time.process_time() - cpu
     model.train()
+    first, ts, cs = None, time.perf_counter(), time.process_time()
     for step in range(start, cfg.steps):
         batch = sample(torch.Generator().manual_seed(data_seed(seed, step)), cfg.batch).slice(rank * share,
                                                                                              (rank + 1) * share)
@@ -106,6 +109,8 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
         opt.step()
         sched.step()
         losses.append(_global_mean(loss.detach(), world))
+        if first is None:
+            first = {"first_step_s": time.perf_counter() - ts, "first_step_cpu_s": time.process_time() - cs}
         done = step + 1
         if progress is not None:
             progress(done, cfg.steps, losses[-1])
@@ -117,10 +122,11 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
                          "cpu_seconds": time.process_time() - c0})
         if stop_after is not None and done - start >= stop_after and done < cfg.steps:
             return {"losses": losses, "steps": done, "seconds": time.perf_counter() - t0,
-                    "cpu_seconds": time.process_time() - c0, "stopped": True}
+                    "cpu_seconds": time.process_time() - c0, **first, "stopped": True}
     model.eval()
     return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - c0, "stopped": False}
+            "cpu_seconds": time.process_time() - c0, **(first or {"first_step_s": 0.0, "first_step_cpu_s": 0.0}),
+            "stopped": False}
 
 
 def _global_mean(loss: torch.Tensor, world: int) -> float:

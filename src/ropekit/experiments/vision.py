@@ -20,24 +20,21 @@ from ..apply.linear_geope import linear_geope_attention
 from ..rope import DirectionalRoPE, RoPE
 from ..rotations.directional import METHODS
 from ..rotations.mixed import MixedFrequencies
+from .geope_sweep import geope_lambda
 
 __all__ = ["FAMILIES", "check_family", "VisionViT", "grid_coords"]
 
 FAMILIES = ("learned", "none", "axial", "mixed", *(f"nd-{m}" for m in METHODS), "geope", "linear-geope")
 
 
+LINEAR_GEOPE_BLOCK = 256  # query block of Linear GeoPE attention (a 16×16 grid, or 256 points, is one block)
+
+
 def check_family(name: str) -> str:
-    """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 0), else a ValueError listing them."""
-    if name in FAMILIES:
+    """``name`` if it is a family (or ``geope-lam<λ>`` with λ > 1, as GeoPE requires), else a ValueError."""
+    if name in FAMILIES or geope_lambda(name) is not None:
         return name
-    if name.startswith("geope-lam"):
-        try:
-            lam = float(name[len("geope-lam"):])
-        except ValueError:
-            lam = -1.0
-        if lam > 0:
-            return name
-    raise ValueError(f"unknown vision family {name!r}; choose one of {', '.join(FAMILIES)} or geope-lam<λ> (λ > 0)")
+    raise ValueError(f"unknown vision family {name!r}; choose one of {', '.join(FAMILIES)} or geope-lam<λ> (λ > 1)")
 
 
 def _rotary(family: str, head_dim: int, heads: int, layer: int):
@@ -65,7 +62,9 @@ class _Attention(nn.Module):
         B, L, _ = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.linear_geope:
-            out = linear_geope_attention(q, k, v, coords, block_size=256, use_checkpoint=False)
+            # past one query block each block is checkpointed, so backward keeps O(block · L), not O(L²)
+            out = linear_geope_attention(q, k, v, coords, block_size=LINEAR_GEOPE_BLOCK,
+                                         use_checkpoint=L > LINEAR_GEOPE_BLOCK)
         else:
             if self.rotary is not None:
                 q, k = self.rotary.rotate(q, k, coords)

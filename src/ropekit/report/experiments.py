@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._html import table  # noqa: E402
 
-__all__ = ["experiments_section", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars"]
+__all__ = ["experiments_section", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars", "plot_lambda_sweep",
+           "lambda_series"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -123,6 +124,65 @@ def plot_bars(agg: dict, keys: list, path: Path) -> str:
             f"{keys[0]}: {best} ({first[best]:.3f}).")
 
 
+def lambda_series(agg: dict, metric: str) -> list[tuple[float, dict]]:
+    """``[(λ, interval), …]`` of every GeoPE family in ``agg`` that has ``metric``, sorted by λ."""
+    from ..experiments.geope_sweep import geope_lambda
+
+    pts = [(geope_lambda(d), m[metric]) for d, m in agg["metrics"].items() if metric in m and "lo" in m[metric]]
+    return sorted((lam, iv) for lam, iv in pts if lam is not None)
+
+
+def plot_lambda_sweep(agg: dict, metrics: list, path: Path, reference: str = "axial") -> str | None:
+    """GeoPE's metric against λ (log axis, 95 % band), ``reference`` as a horizontal line with its band; one
+    panel per metric. None (and no file) when fewer than two λ values were run."""
+    from ..experiments.geope_sweep import DEFAULT_LAMBDA
+
+    series = {k: lambda_series(agg, k) for k in metrics}
+    series = {k: v for k, v in series.items() if len(v) >= 2}
+    if not series:
+        return None
+    fig, axes = plt.subplots(1, len(series), figsize=(4.6 * len(series), 3.6), squeeze=False)
+    notes = []
+    for ax, (k, pts) in zip(axes.flat, series.items()):
+        lams = [lam for lam, _ in pts]
+        ax.plot(lams, [iv["mean"] for _, iv in pts], marker="o", label="GeoPE")
+        ax.fill_between(lams, [iv["lo"] for _, iv in pts], [iv["hi"] for _, iv in pts], alpha=0.2)
+        ref = agg["metrics"].get(reference, {}).get(k)
+        if ref is not None and "lo" in ref:
+            ax.axhline(ref["mean"], color="k", ls="--", lw=1, label=f"{reference} RoPE")
+            ax.axhspan(ref["lo"], ref["hi"], color="k", alpha=0.07)
+        ax.axvline(DEFAULT_LAMBDA, color="grey", ls=":", lw=1, label=f"default λ = {DEFAULT_LAMBDA:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("GeoPE λ (frequencies λ^(−i/n))")
+        ax.set_ylabel(k)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        best = max(pts, key=lambda p: p[1]["mean"])
+        notes.append(f"{k}: highest at λ={best[0]:g} ({best[1]['mean']:.3f})"
+                     + (f", {reference} {ref['mean']:.3f}" if ref is not None and "lo" in ref else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return (f"GeoPE's λ swept ({', '.join(f'{lam:g}' for lam in lams)}); bands are 95 % t-intervals over "
+            f"{agg['seeds']} seeds, the dashed line and grey band {reference} RoPE. " + "; ".join(notes) + ".")
+
+
+def _costs(agg: dict) -> str:
+    """Training seconds per step per design and the ratio to the reference design (empty without costs)."""
+    cost = agg.get("cost") or {}
+    if not cost.get("designs"):
+        return ""
+    ref = cost["reference"]
+    ratio = lambda x: "–" if x is None else f"{x:.2f}×"  # noqa: E731
+    rows = [[d, f"{c['step_s'] * 1e3:.1f}", f"{c['step_cpu_s'] * 1e3:.1f}", ratio(c["cpu_ratio"]),
+             ratio(c["wall_ratio"])] for d, c in cost["designs"].items()]
+    note = (f"<p class='note'>Cost of one training step (forward, backward, optimiser; mean over seeds, each run's "
+            f"first step left out as it carries one-off compilation), measured in this run"
+            + (f", relative to {html.escape(ref)} RoPE in the same run" if ref else "") + ".</p>")
+    return note + table(["design", "ms / step (wall)", "ms / step (CPU)", f"CPU × {ref or '–'}",
+                         f"wall × {ref or '–'}"], rows)
+
+
 def _verdicts(agg: dict) -> str:
     rows = []
     for c in agg["claims"]:
@@ -169,7 +229,14 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
             png = f"exp_{name}_{key}.png"
             cap = plot_curve(agg, key, label, out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        if figs.get("lambda"):
+            png = f"exp_{name}_lambda.png"
+            cap = plot_lambda_sweep(agg, figs["lambda"], out / png)
+            if cap is not None:
+                parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+        parts.append(_costs(agg))
         parts.append(_verdicts(agg))
-        metrics[name] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"]}
+        metrics[name] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"],
+                         "cost_cpu_ratio": {d: c["cpu_ratio"] for d, c in agg.get("cost", {}).get("designs", {}).items()}}
     return {"title": "Experiments: trained small models against the papers' claims", "html": "\n".join(parts),
             "metrics": metrics}
