@@ -1,10 +1,11 @@
 """Experiment ``isotropy``: are incoherent N-D RoPE directions more isotropic than axial frequencies?
 
-Two marked points (red anchor, green target) 1.5–3.5 patches apart at a uniformly random, continuous
-angle on a 6×6 patch grid; the ViT predicts the direction of the target from the anchor in 8 buckets of 45° (bucket centres on
-the axes and diagonals). Accuracy is broken down into 16 angle bins; the standard deviation over bins is
-the anisotropy (0 = the same accuracy in every direction). The N-D RoPE derivation claims well-spread,
-incoherent frequency directions (sobol, weyl, ggr, golden) give a more isotropic kernel than axial RoPE.
+Two marked points (red anchor, green target) 1.5–3.5 patches apart on a 6×6 patch grid at a uniformly
+random, continuous angle; the ViT predicts the direction of the target from the anchor in 8 buckets of
+45° (bucket centres on the axes and diagonals). Accuracy is broken down into 16 angle bins; the standard
+deviation over bins is the anisotropy (0 = the same accuracy in every direction). The N-D RoPE derivation
+claims well-spread, incoherent frequency directions (sobol, weyl, ggr, golden) give a more isotropic kernel
+than axial RoPE.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Report section for trained-model experiments: heat maps, curves with interval bands, verdicts.
 
-Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``; nothing is run here.
+Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``, and every stored
+aggregate ``<dir>/experiments-<name>-<preset>.json`` (as kept in ``docs/results/``); nothing is run here.
 """
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
     """The HTML of every experiment found under ``experiments_dir`` (figures written into ``out``)."""
     from ..experiments.registry import get
 
-    found = sorted(Path(experiments_dir).glob("*/aggregate.json"))
+    folder = Path(experiments_dir)
+    found = sorted(folder.glob("*/aggregate.json")) + sorted(folder.glob("experiments-*.json"))
     if not found:
         return {"title": "Experiments", "html": f"<p>No <code>aggregate.json</code> under "
                 f"<code>{html.escape(str(experiments_dir))}</code>; run <code>ropekit experiment NAME</code>.</p>",
