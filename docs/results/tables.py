@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCALARS = {"resolution": ["acc"], "isotropy": ["acc", "angle_spread"],
+SCALARS = {"resolution": [], "isotropy": ["acc", "angle_spread"],
            "shape-bias": ["clean_acc", "shape_bias", "conflict_shape_acc", "conflict_texture_acc"]}
 CURVES = {"resolution": {"acc_vs_grid_zoom": "zoom", "acc_vs_grid_canvas": "canvas"}}
+SAME = {("acc_vs_grid_canvas", "8")}  # the training grid: the same scenes as zoom 8, not repeated
 
 
 def store(run_dir: str, name: str, machine: str, load: str) -> Path:
@@ -50,7 +51,7 @@ def tables(agg: dict) -> str:
     cols = [(k, k) for k in SCALARS.get(name, [])]
     for key, label in CURVES.get(name, {}).items():
         xs = list(next(v for v in m.values() if key in v)[key])
-        cols += [((key, x), f"{label} {x}") for x in xs]
+        cols += [((key, x), f"{label} {x}") for x in xs if (key, x) not in SAME]
     lines.append("| family | " + " | ".join(c for _, c in cols) + " |")
     lines.append("| --- |" + " --- |" * len(cols))
     for design, met in m.items():
