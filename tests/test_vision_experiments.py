@@ -11,7 +11,7 @@ from ropekit.experiments import runner
 from ropekit.experiments.isotropy import angle_curve
 from ropekit.experiments.shapebias import shape_fraction
 from ropekit.experiments.tasks.shapes import SHAPES, marker_batch, render, shape_batch
-from ropekit.experiments.vision import FAMILIES, VisionViT, check_family
+from ropekit.experiments.vision import FAMILIES, AttentionPool, VisionViT, check_family, length_temperature
 from ropekit.report.experiments import experiments_section
 
 
@@ -123,6 +123,83 @@ def test_family_names_are_checked():
         VisionViT("axial", 5, dim=16, heads=2)
 
 
+@pytest.mark.parametrize("pool", ["mean", "attn"])
+def test_none_family_ignores_where_the_object_is(pool):
+    # without positions the ViT sees a bag of patches: moving the object by whole patches on a constant
+    # background permutes the tokens, so the logits must not change (a hidden positional path would show)
+    torch.manual_seed(0)
+    m = VisionViT("none", 5, dim=24, depth=2, heads=2, pool=pool).double()
+    obj = torch.rand(2, 3, 8, 8, dtype=torch.float64)
+    a = torch.full((2, 3, 48, 48), 0.1, dtype=torch.float64)
+    b = a.clone()
+    a[..., 4:12, 8:16] = obj
+    b[..., 32:40, 36:44] = obj  # 7 patches down, 7 across
+    assert torch.allclose(m(a), m(b), atol=1e-9)
+    axial = VisionViT("axial", 5, dim=24, depth=2, heads=2, pool=pool).double()
+    assert not torch.allclose(axial(a), axial(b), atol=1e-6)  # a positional family does see it
+
+
+def test_attention_pool_is_permutation_invariant_and_can_select_one_token():
+    torch.manual_seed(1)
+    pool = AttentionPool(8, 2).double()
+    x = torch.randn(3, 10, 8, dtype=torch.float64)
+    assert torch.allclose(pool(x), pool(x[:, torch.randperm(10)]), atol=1e-12)
+    with torch.no_grad():  # keys = the tokens, values = the tokens, a sharp query on channel 0 of each head
+        pool.kv.weight.copy_(torch.cat([torch.eye(8), torch.eye(8)]).double())
+        pool.kv.bias.zero_()
+        pool.proj.weight.copy_(torch.eye(8).double())
+        pool.proj.bias.zero_()
+        pool.query.zero_()
+        pool.query[:, 0, 0] = 50.0
+    x = torch.zeros(1, 10, 8, dtype=torch.float64)
+    x[0, 6, 0], x[0, 6, 4] = 1.0, 1.0  # token 6 wins both heads' softmax
+    x[0, 6, 1] = 0.7
+    out = pool(x)
+    assert torch.allclose(out[0], x[0, 6], atol=1e-6)  # a mean would give x[0, 6] / 10
+
+
+def test_length_scaled_attention_equals_scaled_queries():
+    # reference: the same weights without length scaling but with the query rows of every qkv projection
+    # multiplied by log(L)/log(L_train) by hand; equal logits at a larger grid, identical at the training grid
+    torch.manual_seed(2)
+    m = VisionViT("axial", 5, dim=24, depth=2, heads=2, train_grid=4).double()
+    ref = VisionViT("axial", 5, dim=24, depth=2, heads=2, train_grid=4, length_scale=False).double()
+    ref.load_state_dict(m.state_dict())
+    x16 = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    assert torch.allclose(m(x16), ref(x16), atol=1e-12)  # 4x4 = the training grid: factor 1
+    assert length_temperature(64, 16) == pytest.approx(1.5)
+    x32 = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    assert not torch.allclose(m(x32), ref(x32), atol=1e-6)
+    with torch.no_grad():
+        for blk in ref.blocks:
+            blk.attn.qkv.weight[:24] *= 1.5  # 8x8 = 64 tokens vs 16 at training: log 64 / log 16
+            blk.attn.qkv.bias[:24] *= 1.5
+    assert torch.allclose(m(x32), ref(x32), atol=1e-9)
+    with pytest.raises(ValueError, match="pool"):
+        VisionViT("axial", 5, dim=24, heads=2, pool="max")
+    with pytest.raises(ValueError, match="train_grid"):
+        VisionViT("axial", 5, dim=24, heads=2, train_grid=1)
+
+
+def test_isotropy_quick_preset_learns_the_direction_task_on_axial():
+    # the defect this guards: the earlier quick preset (8x8 grid, 250 steps) left axial RoPE at chance
+    # (0.11 for 8 directions), so every isotropy verdict compared untrained models. One seed, ~10 s of CPU.
+    import copy
+
+    from ropekit.experiments.registry import get
+
+    exp = get("isotropy")
+    cfg = copy.deepcopy(exp.presets["quick"])
+    cfg["eval"]["n"] = 256
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the quick preset is run (--threads 1); several threads only wait on a busy host
+    try:
+        rec = runner.run_one(exp, "axial", 0, cfg, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert rec["metrics"]["acc"] > 0.4  # chance 0.125; seeds 0-2 reach 0.78-0.81 with the full eval
+
+
 # --- micro runs end to end ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,designs", [("resolution", ["axial", "geope", "mixed", "learned"]),
@@ -138,6 +215,27 @@ def test_micro_runs_and_report(tmp_path, name, designs):
     sec = experiments_section(tmp_path, tmp_path)
     assert name in sec["html"]
     assert list(tmp_path.glob(f"exp_{name}_*.png"))
+    # a stored aggregate (as kept in docs/results/experiments-<name>-<preset>.json) renders the same section
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    (stored / f"experiments-{name}-micro.json").write_text((tmp_path / name / "aggregate.json").read_text())
+    again = experiments_section(stored, stored)
+    assert again["metrics"] == sec["metrics"] and list(stored.glob(f"exp_{name}_*.png"))
+
+
+def test_many_designs_get_one_panel_each_with_the_reference(tmp_path):
+    from ropekit.report.experiments import PANEL_ABOVE, plot_curve, plot_polar
+
+    iv = lambda v: {"mean": v, "lo": v - 0.05, "hi": v + 0.05}  # noqa: E731
+    designs = [f"d{i}" for i in range(PANEL_ABOVE + 1)]
+    agg = {"seeds": 3, "claims": [{"baseline": "d0"}, {"baseline": "d0"}, {"baseline": "d2"}], "metrics": {
+        d: {"acc_vs_grid": {"8": iv(0.9), "24": iv(0.1 * i)}, "acc_vs_angle": {"0": iv(0.5), "180": iv(0.1 * i)},
+            "angle_spread": iv(0.1 * i)} for i, d in enumerate(designs)}}
+    cap = plot_curve(agg, "acc_vs_grid", "grid", tmp_path / "c.png")
+    assert f"best d{PANEL_ABOVE} (0.{PANEL_ABOVE}00)" in cap and "worst d0 (0.000)" in cap
+    cap = plot_polar(agg, "acc_vs_angle", tmp_path / "p.png")
+    assert "Most isotropic: d0" in cap
+    assert (tmp_path / "c.png").stat().st_size > 10_000 and (tmp_path / "p.png").stat().st_size > 10_000
 
 
 def test_unknown_vision_family_fails_before_training(tmp_path):

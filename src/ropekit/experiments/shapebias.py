@@ -16,7 +16,7 @@ from .tasks.shapes import SHAPES, shape_batch
 from .vision import FAMILIES, HYPERPARAMETERS_NOTE, MODEL, TRAIN, check_family, make_vision_model
 
 EVAL_SEED = 20250303
-DESIGNS = tuple(f for f in FAMILIES if f not in ("nd-uniform", "nd-random", "nd-ggr", "linear-geope"))
+DESIGNS = tuple(f for f in FAMILIES if f != "linear-geope")
 _TASK = {"grid": 8, "agree": 0.8}
 PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": TRAIN[p], "eval": {"n": n}}
            for p, n in (("micro", 16), ("quick", 512), ("full", 4096))}

@@ -1,5 +1,11 @@
 """The ViT every vision experiment trains: patchify → pre-norm blocks → mean pool → head, one position family.
 
+Attention logits are multiplied by ``log(L) / log(L_train)`` (``L`` tokens now, ``L_train`` at the training
+grid): 1 at the training grid, larger on bigger grids, so that a query's softmax over 9× more tokens is not
+flattened by the extra background (length-scaled attention, Chiang & Cholak 2022). Pooling is the mean over
+tokens; ``pool="attn"`` swaps in a learned-query attention pool (checked on axial RoPE and not adopted: see
+docs/experiments.md).
+
 Families (names accepted by ``--designs``): ``learned`` (absolute embedding for the training grid,
 bilinearly resized for other grids, as ViTs do), ``none`` (floor), ``axial`` (2-D RoPE, half the pairs
 per axis), ``mixed`` (RoPE-Mixed, learned per-head directions), ``nd-<method>`` (directional N-D RoPE with
@@ -10,6 +16,8 @@ Token coordinates are the integer (row, col) of each patch, so a larger grid mea
 seen in training.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +30,7 @@ from ..rotations.directional import METHODS
 from ..rotations.mixed import MixedFrequencies
 from .geope_sweep import geope_lambda
 
-__all__ = ["FAMILIES", "check_family", "VisionViT", "grid_coords"]
+__all__ = ["FAMILIES", "POOLS", "check_family", "VisionViT", "AttentionPool", "grid_coords", "length_temperature"]
 
 FAMILIES = ("learned", "none", "axial", "mixed", *(f"nd-{m}" for m in METHODS), "geope", "linear-geope")
 
@@ -58,9 +66,10 @@ class _Attention(nn.Module):
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.rotary = _rotary(family, self.head_dim, heads, layer)
 
-    def forward(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, temp: float = 1.0) -> torch.Tensor:
         B, L, _ = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q = q * temp
         if self.linear_geope:
             # past one query block each block is checkpointed, so backward keeps O(block · L), not O(L²)
             out = linear_geope_attention(q, k, v, coords, block_size=LINEAR_GEOPE_BLOCK,
@@ -79,9 +88,45 @@ class _Block(nn.Module):
         self.attn = _Attention(dim, heads, family, layer)
         self.mlp = nn.Sequential(nn.Linear(dim, int(dim * mlp_ratio)), nn.GELU(), nn.Linear(int(dim * mlp_ratio), dim))
 
-    def forward(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.n1(x), coords)
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, temp: float = 1.0) -> torch.Tensor:
+        x = x + self.attn(self.n1(x), coords, temp)
         return x + self.mlp(self.n2(x))
+
+
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling: ``heads`` learned queries (one per head) read the token sequence.
+
+    Content-only (no position enters the pooling), so the pooled vector is invariant to any permutation
+    of the tokens; unlike a mean it can pick out a few tokens (a small object, two markers) among many.
+    ``forward(x (B, L, D)) -> (B, D)``.
+    """
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"`dim` ({dim}) must be divisible by `heads` ({heads})")
+        self.heads, self.head_dim = heads, dim // heads
+        self.query = nn.Parameter(0.02 * torch.randn(heads, 1, dim // heads))
+        self.kv, self.proj = nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, temp: float = 1.0) -> torch.Tensor:
+        B, L, _ = x.shape
+        k, v = self.kv(x).view(B, L, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(temp * self.query.expand(B, -1, -1, -1), k, v)  # (B, H, 1, hd)
+        return self.proj(out.reshape(B, -1))
+
+
+POOLS = ("mean", "attn")
+
+
+def length_temperature(tokens: int, train_tokens: int) -> float:
+    """Factor on the attention logits for ``tokens`` tokens when trained on ``train_tokens``: the ratio of
+    their logarithms. It is 1 at the training length; a key whose logit is ``t`` above ``n`` equal others then
+    gets odds ``e^{s·t}/n = n^{t/log(train_tokens) - 1}``, which no longer shrink like ``e^t/n`` as n grows
+    once ``t > log(train_tokens)``."""
+    if tokens < 1 or train_tokens < 2:
+        raise ValueError(f"need tokens >= 1 and train_tokens >= 2, got {tokens} and {train_tokens}")
+    return math.log(tokens) / math.log(train_tokens)
 
 
 def grid_coords(gh: int, gw: int, device=None) -> torch.Tensor:
@@ -95,17 +140,23 @@ class VisionViT(nn.Module):
     """``forward(images (B, C, H, W), layout=None) -> (B, classes)``; H and W any multiple of ``patch``."""
 
     def __init__(self, family: str, classes: int, *, patch: int = 4, train_grid: int = 8, dim: int = 48,
-                 depth: int = 3, heads: int = 2, mlp_ratio: float = 2.0, in_chans: int = 3) -> None:
+                 depth: int = 3, heads: int = 2, mlp_ratio: float = 2.0, in_chans: int = 3,
+                 pool: str = "mean", length_scale: bool = True) -> None:
         super().__init__()
         self.family = check_family(family)
+        if pool not in POOLS:
+            raise ValueError(f"`pool` must be one of {', '.join(POOLS)}, got {pool!r}")
         if dim % heads or (dim // heads) % 12:
             raise ValueError(f"`dim` ({dim}) / `heads` ({heads}) must be a head size divisible by 12 (pairs "
                              f"split over 2 axes for axial RoPE, triples for GeoPE)")
-        self.patch = patch
+        if isinstance(train_grid, bool) or not isinstance(train_grid, int) or train_grid < 2:
+            raise ValueError(f"`train_grid` must be an int >= 2 (patches per side at training), got {train_grid!r}")
+        self.patch, self.train_tokens, self.length_scale = patch, train_grid * train_grid, length_scale
         self.embed = nn.Conv2d(in_chans, dim, patch, stride=patch)
         self.pos = nn.Parameter(0.02 * torch.randn(1, dim, train_grid, train_grid)) if family == "learned" else None
         self.blocks = nn.ModuleList(_Block(dim, heads, family, i, mlp_ratio) for i in range(depth))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
+        self.pool = AttentionPool(dim, heads) if pool == "attn" else None
 
     def forward(self, images: torch.Tensor, layout: str | None = None) -> torch.Tensor:
         if images.ndim != 4 or images.shape[-1] % self.patch or images.shape[-2] % self.patch:
@@ -119,13 +170,16 @@ class VisionViT(nn.Module):
             x = x + pos
         x = x.flatten(2).transpose(1, 2)
         coords = grid_coords(gh, gw, x.device)
+        temp = length_temperature(gh * gw, self.train_tokens) if self.length_scale else 1.0
         for blk in self.blocks:
-            x = blk(x, coords)
-        return self.head(self.norm(x).mean(1))
+            x = blk(x, coords, temp)
+        x = self.norm(x)
+        return self.head(x.mean(1) if self.pool is None else self.pool(x, temp))
 
 
 # One set of hyper-parameters for every family, chosen on `axial` only (quick preset); see docs/experiments.md.
-HYPERPARAMETERS_NOTE = "chosen once on axial RoPE (quick preset); identical for every family"
+HYPERPARAMETERS_NOTE = ("chosen once on axial RoPE (quick preset): mean pooling and length-scaled attention "
+                        "over attention pooling, 6x6 grid and 400 steps for isotropy; identical for every family")
 MODEL = {"micro": {"dim": 24, "depth": 1, "heads": 2}, "quick": {"dim": 48, "depth": 3, "heads": 2},
          "full": {"dim": 192, "depth": 6, "heads": 4}}
 TRAIN = {"micro": {"steps": 6, "batch": 8, "lr": 3e-3, "warmup": 2},

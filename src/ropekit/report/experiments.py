@@ -1,6 +1,7 @@
 """Report section for trained-model experiments: heat maps, curves with interval bands, verdicts.
 
-Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``; nothing is run here.
+Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``, and every stored
+aggregate ``<dir>/experiments-<name>-<preset>.json`` (as kept in ``docs/results/``); nothing is run here.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ._html import table  # noqa: E402
 
 __all__ = ["experiments_section", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars", "plot_lambda_sweep",
-           "lambda_series"]
+           "lambda_series", "PANEL_ABOVE"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -46,28 +47,69 @@ def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
             f"most location-dependent: {hi} ({spreads[hi]:.3f}).")
 
 
+PANEL_ABOVE = 5  # more designs than this: one small panel per design, the reference drawn in every panel
+
+
+def _reference(agg: dict, designs: list) -> "str | None":
+    """The baseline most claims compare against (drawn in every panel of small multiples), if it was run."""
+    bases = [c["baseline"] for c in agg.get("claims", []) if c["baseline"] in designs]
+    return max(bases, key=bases.count) if bases else None
+
+
+def _panels(n: int, polar: bool = False):
+    cols = min(4, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, (3.3 if polar else 2.6) * rows), squeeze=False,
+                             sharex=not polar, sharey=not polar, subplot_kw={"projection": "polar"} if polar else None)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if not polar:  # a panel whose neighbour below is empty still needs its x labels
+        for ax in list(axes.flat)[:n]:
+            ax.tick_params(labelbottom=True)
+    return fig, list(axes.flat)[:n]
+
+
+def _curve(ax, m: dict, key: str, label: str, **style) -> None:
+    xs = list(m[key])
+    pos = range(len(xs))
+    (line,) = ax.plot(pos, [m[key][x]["mean"] for x in xs], marker="o", ms=3, label=label, **style)
+    ax.fill_between(pos, [m[key][x]["lo"] for x in xs], [m[key][x]["hi"] for x in xs], alpha=0.15,
+                    color=line.get_color())
+    step = -(-len(xs) // 8)  # at most 8 labels, so that 16 angle bins stay readable
+    ax.set_xticks(list(pos), [x if i % step == 0 else "" for i, x in enumerate(xs)])
+
+
 def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
-    """Accuracy against a condition, one line per design with its 95 % interval band; returns a caption."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    last = {}
-    for d, m in agg["metrics"].items():
-        if key not in m:
-            continue
-        xs = list(m[key])
-        pos = range(len(xs))
-        (line,) = ax.plot(pos, [m[key][x]["mean"] for x in xs], marker="o", label=d)
-        ax.fill_between(pos, [m[key][x]["lo"] for x in xs], [m[key][x]["hi"] for x in xs], alpha=0.15,
-                        color=line.get_color())
-        ax.set_xticks(list(pos), xs)
-        last[d] = (xs[-1], m[key][xs[-1]]["mean"])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
+    """Accuracy against a condition with 95 % interval bands: one line per design, or (more than
+    ``PANEL_ABOVE`` designs) one panel per design with the reference design dashed in each; a caption."""
+    designs = [d for d, m in agg["metrics"].items() if key in m]
+    ref = _reference(agg, designs) if len(designs) > PANEL_ABOVE else None
+    if ref is None:
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        for d in designs:
+            _curve(ax, agg["metrics"][d], key, d)
+        ax.legend(fontsize=7, ncol=2)
+        axes = [ax]
+    else:
+        fig, axes = _panels(len(designs))
+        for ax, d in zip(axes, designs):
+            if d != ref:
+                _curve(ax, agg["metrics"][ref], key, ref, color="0.5", ls="--")
+            _curve(ax, agg["metrics"][d], key, d, color="C0" if d != ref else "C3")
+            ax.set_title(d, fontsize=9)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{xlabel}; each panel one design, dashed: {ref}", fontsize=9)
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        if ref is None or ax in axes[-4:]:
+            ax.set_xlabel(xlabel if ref is None else "")
+        ax.set_ylabel("accuracy" if ax is axes[0] or ref is None else "")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    last = {d: (list(agg["metrics"][d][key])[-1], agg["metrics"][d][key][list(agg["metrics"][d][key])[-1]]["mean"])
+            for d in designs}
     best = max(last, key=lambda d: last[d][1])
     worst = min(last, key=lambda d: last[d][1])
     x = last[best][0]
@@ -76,25 +118,41 @@ def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
 
 
 def plot_polar(agg: dict, key: str, path: Path) -> str:
-    """Accuracy against direction angle on a polar axis, one closed line per design; returns a caption."""
+    """Accuracy against direction angle on polar axes (radius 0–1): one closed line per design, or one
+    panel per design with the reference design dashed in each when there are many; returns a caption."""
     import math
 
-    fig = plt.figure(figsize=(6.4, 5.2))
-    ax = fig.add_subplot(projection="polar")
-    spreads = {}
-    for d, m in agg["metrics"].items():
-        if key not in m:
-            continue
-        xs = list(m[key])
+    designs = [d for d, m in agg["metrics"].items() if key in m]
+    ref = _reference(agg, designs) if len(designs) > PANEL_ABOVE else None
+
+    def ring(ax, d, **style):
+        xs = list(agg["metrics"][d][key])
         th = [math.radians(float(x) + 180 / len(xs)) for x in xs]  # bin centres
-        vals = [m[key][x]["mean"] for x in xs]
-        ax.plot(th + th[:1], vals + vals[:1], label=d, lw=1.2)
-        spreads[d] = m.get("angle_spread", {}).get("mean", float("nan"))
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.05, 1.0))
+        vals = [agg["metrics"][d][key][x]["mean"] for x in xs]
+        ax.plot(th + th[:1], vals + vals[:1], label=d, lw=1.2, **style)
+
+    if ref is None:
+        fig = plt.figure(figsize=(6.4, 5.2))
+        axes = [fig.add_subplot(projection="polar")]
+        for d in designs:
+            ring(axes[0], d)
+        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.05, 1.0))
+    else:
+        fig, axes = _panels(len(designs), polar=True)
+        for ax, d in zip(axes, designs):
+            if d != ref:
+                ring(ax, ref, color="0.5", ls="--")
+            ring(ax, d, color="C0" if d != ref else "C3")
+            spread = agg["metrics"][d].get("angle_spread", {}).get("mean", float("nan"))
+            ax.set_title(f"{d} (spread {spread:.3f})", fontsize=9)
+            ax.tick_params(labelsize=6)
+        fig.suptitle(f"accuracy by direction, mean of {agg['seeds']} seeds; dashed: {ref}", fontsize=9)
+    for ax in axes:
+        ax.set_ylim(0, 1)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    spreads = {d: agg["metrics"][d].get("angle_spread", {}).get("mean", float("nan")) for d in designs}
     lo, hi = min(spreads, key=spreads.get), max(spreads, key=spreads.get)
     return (f"Accuracy by direction (radius 0–1, mean of {agg['seeds']} seeds). Most isotropic: {lo} (std over "
             f"angles {spreads[lo]:.3f}); least: {hi} ({spreads[hi]:.3f}).")
@@ -198,7 +256,8 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
     """The HTML of every experiment found under ``experiments_dir`` (figures written into ``out``)."""
     from ..experiments.registry import get
 
-    found = sorted(Path(experiments_dir).glob("*/aggregate.json"))
+    folder = Path(experiments_dir)
+    found = sorted(folder.glob("*/aggregate.json")) + sorted(folder.glob("experiments-*.json"))
     if not found:
         return {"title": "Experiments", "html": f"<p>No <code>aggregate.json</code> under "
                 f"<code>{html.escape(str(experiments_dir))}</code>; run <code>ropekit experiment NAME</code>.</p>",
