@@ -253,7 +253,7 @@ def _prompt_tables(state: st._State, name: str, pos: torch.Tensor, device) -> tu
     cos, sin = _tables(state, name, torch.cat([pos, table.to(pos.device)], dim=2), device)
     n = pos.shape[2]
     state.prompt.cos_sin[name] = (table, cos[:, n:], sin[:, n:])
-    return cos[:, :n], sin[:, :n]
+    return cos[:, :n].contiguous(), sin[:, :n].contiguous()  # as stock's tables are (a copy only when B > 1)
 
 
 def _continuation_tables(state: st._State, name: str, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,7 +292,7 @@ def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _
                 cos, sin = _prompt_tables(state, name, pending[name], x.device)
             elif fixed:
                 cos, sin = _continuation_tables(state, name, x.device)
-                cos, sin = cos[:, run[1]:run[1] + run[2]], sin[:, run[1]:run[1] + run[2]]
+                cos, sin = (t[:, run[1]:run[1] + run[2]].contiguous() for t in (cos, sin))
             else:
                 cos, sin = _tables(state, name, pending[name], x.device)
             geoms[name] = (cos.to(x.dtype), sin.to(x.dtype))
