@@ -8,14 +8,16 @@ inside them) so load from other processes falls on every state alike:
 - ``circle_age``: ``patch_model(model, "circle", age="alternate")`` — two geometries per forward;
 - ``vrope``: ``patch_model(model, "vrope")`` — its own (6-axis) allocation.
 
-Whole-model prefills run at the ``quick`` shape by default (the full one, 8 layers of hidden 1024 at
-L = 4096, takes minutes per forward on a small shared CPU); one decode step and the patched stages alone
-(positions + cos/sin) also run at the full shape. Times are wall and process CPU time (the CPU time is the
+Every measurement runs at the scaled ``quick`` shape and, unless ``--quick``, at the full one (8 layers of
+hidden 1024 at L = 4096; a whole prefill there takes tens of seconds on a small CPU): the patched stages
+alone (positions + cos/sin), the whole model's prefill with the decode step right after it, and decode
+steps timed on their own over more rounds. Times are wall and process CPU time (the CPU time is the
 steadier number on a loaded machine).
 
 ``prefill`` is one forward over the whole prompt (text and images, vision tower included,
-``logits_to_keep=1`` as ``generate`` does); ``decode`` is one cached forward of one new text token
-after it (each timed prefill gives the cache its decode step reads). Before timing, the patched ``mrope``
+``logits_to_keep=1`` as ``generate`` does); ``decode_first`` is one cached forward of one new text token
+right after it (each timed prefill gives the cache its decode step reads); ``decode`` is the mean of a few
+such steps, timed over more rounds than the prefills (the steadier decode number). Before timing, the patched ``mrope``
 model's prefill logits must equal the stock model's.
 """
 from __future__ import annotations
@@ -183,7 +185,7 @@ def forward(shape: str, repeat: int, log=print) -> list[dict]:
     L = inputs["input_ids"].shape[1]
     step = dict(input_ids=torch.tensor([[1234]]))  # no mask: stock transformers then places it at past + delta
     phases = {"prefill": lambda _: model(**inputs, use_cache=True, logits_to_keep=1).past_key_values,
-              "decode": lambda cache: model(**step, past_key_values=cache, use_cache=True)}
+              "decode_first": lambda cache: model(**step, past_key_values=cache, use_cache=True)}
     with torch.no_grad():
         _set_state(model, None)
         ref = model(**inputs, logits_to_keep=1).logits
@@ -195,12 +197,14 @@ def forward(shape: str, repeat: int, log=print) -> list[dict]:
     return _rows(times, "model", shape, info, log)
 
 
-def decode_only(shape: str, repeat: int, log=print) -> list[dict]:
-    """One cached decode step of the whole model after a prompt of ``shape`` (the full one by default).
+def decode_only(shape: str, repeat: int, log=print, steps: int = 5) -> list[dict]:
+    """One cached decode step of the whole model after a prompt of ``shape``: per round, the mean of
+    ``steps`` consecutive steps (each at the same cache length).
 
     The KV cache comes from one stock prefill (its values do not change the time of a step); each state
-    places the prompt through its own ``compute_3d_position_ids`` (untimed) so the step reads that
-    state's positions, and the cache is cut back by the step's token after each timed call.
+    places the prompt through its own ``compute_3d_position_ids`` and rotary embedding (untimed, as in
+    its prefill) so the step reads that state's positions, and the cache is cut back by the step's token
+    after each step.
     """
     layers, hidden, heads, kv, inter, tokens, side = SHAPES[shape]
     with warnings.catch_warnings():
@@ -217,28 +221,29 @@ def decode_only(shape: str, repeat: int, log=print) -> list[dict]:
         cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
 
         def place(_):
-            inner.compute_3d_position_ids(input_ids=inputs["input_ids"], inputs_embeds=emb, past_key_values=None, **kw)
+            pos = inner.compute_3d_position_ids(input_ids=inputs["input_ids"], inputs_embeds=emb,
+                                                past_key_values=None, **kw)
+            inner.language_model.rotary_emb(emb, pos if pos is not None else torch.zeros(3, 1, L))
 
-        def one_step(_):
-            model(**step, past_key_values=cache, use_cache=True)
-            cache.crop(-1)
+        def some_steps(_):
+            for _ in range(steps):
+                model(**step, past_key_values=cache, use_cache=True)
+                cache.crop(-1)
 
-        times = _interleaved(model, {"place": place, "decode": one_step}, repeat, log)
-    times = {s: {"decode": t["decode"]} for s, t in times.items()}
+        times = _interleaved(model, {"place": place, "decode": some_steps}, repeat, log)
+    times = {s: {"decode": {c: [v / steps for v in t["decode"][c]] for c in t["decode"]}} for s, t in times.items()}
     info = {"layers": layers, "hidden": hidden, "tokens": L, "images": len(inputs["image_grid_thw"])}
     return _rows(times, "model", shape, info, log)
 
 
 def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, log=print) -> list[dict]:
-    """Whole-model timings at ``shape`` (``quick`` by default: the full shape takes minutes per forward on
-    a small CPU), and the patched stages alone at both shapes."""
-    name = shape or "quick"
-    out = stages("quick", 4 * repeat, log)
-    if not quick:
-        out += stages("full", 4 * repeat, log)
-    out += forward(name, repeat, log)
-    if not quick:
-        out += decode_only("full", 4 * repeat, log)
+    """The patched stages alone and the whole model (prefill, then decode steps timed on their own) at
+    the scaled shape, and unless ``quick`` the same at the full one (``shape`` picks one of them)."""
+    out = []
+    for name in [shape] if shape else ["quick"] if quick else list(reversed(SHAPES)):
+        out += stages(name, 4 * repeat, log)
+        out += forward(name, repeat if name == "full" else 4 * repeat, log)  # a scaled prefill is cheap: more rounds
+        out += decode_only(name, 4 * repeat, log)
     return out
 
 
@@ -257,8 +262,8 @@ if __name__ == "__main__":
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=SHAPES, default="quick", help="shape of the whole-model timing")
+    p.add_argument("--shape", choices=SHAPES, default=None, help="only this shape (default: both)")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="stages at the quick shape only")
+    p.add_argument("--quick", action="store_true", help="the scaled (quick) shape only")
     a = p.parse_args()
     run(quick=a.quick, shape=a.shape, repeat=a.repeat)

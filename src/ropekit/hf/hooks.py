@@ -104,8 +104,10 @@ def compute_3d_position_ids(
         state.stash = None
         if has_grids and mm_token_type_ids is None and input_ids is None:
             _grids_without_types()
-        if mm_token_type_ids is not None or input_ids is not None:
-            new = st.token_types(state, input_ids, mm_token_type_ids, batch, length, ref.device)
+        if mm_token_type_ids is None and input_ids is not None:
+            new = st.vision_in_ids(state, input_ids[:, -length:])
+        elif mm_token_type_ids is not None:
+            new = st.token_types(state, None, mm_token_type_ids, batch, length, ref.device)
         else:
             new = _types_from_embeddings(hook, inputs_embeds)
         st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
@@ -236,22 +238,64 @@ def _fallback_positions(state: st._State, position_ids: torch.Tensor, batch: int
     return out
 
 
+def _tables(state: st._State, name: str, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin ``(B, L, D)`` of geometry ``name`` at positions ``pos (A, B, L)``, rotate-half layout."""
+    pos = pos.to(device, torch.float32)
+    W = st.frequencies(state, name, pos)
+    c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(device)))
+    # the model's own apply uses rotate-half tables, so each half repeats the pair's value
+    return torch.cat([c, c], dim=-1) * state.scaling, torch.cat([s, s], dim=-1) * state.scaling
+
+
+def _prompt_tables(state: st._State, name: str, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_tables` of a prompt's positions ``pos``, evaluated together with its continuation table's,
+    which are kept for the decoding steps that follow (one evaluation per geometry per forward)."""
+    table = state.prompt.table[name]
+    cos, sin = _tables(state, name, torch.cat([pos, table.to(pos.device)], dim=2), device)
+    n = pos.shape[2]
+    state.prompt.cos_sin[name] = (table, cos[:, n:], sin[:, n:])
+    return cos[:, :n].contiguous(), sin[:, :n].contiguous()  # as stock's tables are (a copy only when B > 1)
+
+
+def _continuation_tables(state: st._State, name: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the whole continuation table of geometry ``name``, built once per table and device.
+
+    Every entry is computed elementwise from its own position, so columns of these tables equal the tables
+    of those columns' positions bit for bit; a decoding step then slices them instead of evaluating cos/sin.
+    """
+    table = state.prompt.table[name]
+    cached = state.prompt.cos_sin.get(name)
+    if cached is None or cached[0] is not table or cached[1].device != device:
+        cached = state.prompt.cos_sin[name] = (table, *_tables(state, name, table, device))
+    return cached[1], cached[2]
+
+
 def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _Embeddings:
-    """cos/sin of every geometry, once per forward (angles in float32)."""
+    """cos/sin of every geometry, once per forward (angles in float32).
+
+    Geometries with fixed frequencies evaluate a prompt's cos/sin together with its continuation table's,
+    and a decoding step that continues the prompt's text run (``state.run``) slices the latter
+    (:func:`_continuation_tables`).
+    """
     state = hook.state
     batch, length = x.shape[0], x.shape[1]
     pending, state.pending = state.pending, None
+    run, state.run = state.run, None
+    if run is None or run[0] is not pending:
+        run = None
     if pending is None or any(tuple(p.shape[1:]) != (batch, length) for p in pending.values()):
-        pending = _fallback_positions(state, position_ids, batch, length)
+        pending, run = _fallback_positions(state, position_ids, batch, length), None
     geoms = {}
     with torch.no_grad():
         for name, geo in state.geometries.items():
-            pos = pending[name].to(x.device, torch.float32)
-            W = st.frequencies(state, name, pos)
-            c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(x.device)))
-            # the model's own apply uses rotate-half tables, so each half repeats the pair's value
-            cos = torch.cat([c, c], dim=-1) * state.scaling
-            sin = torch.cat([s, s], dim=-1) * state.scaling
+            fixed = run is not None and geo.scaling is None
+            if fixed and run[1] is None:
+                cos, sin = _prompt_tables(state, name, pending[name], x.device)
+            elif fixed:
+                cos, sin = _continuation_tables(state, name, x.device)
+                cos, sin = (t[:, run[1]:run[1] + run[2]].contiguous() for t in (cos, sin))
+            else:
+                cos, sin = _tables(state, name, pending[name], x.device)
             geoms[name] = (cos.to(x.dtype), sin.to(x.dtype))
     first = geoms[state.layer_geometry[0]]
     out = _Embeddings(first)

@@ -42,6 +42,8 @@ class _Prompt:
     grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts) as placed
     counts: torch.Tensor  # (B,) valid prompt tokens, on the model's device
     table: dict[str, torch.Tensor]  # per geometry (A, B, M) on the model's device: the next M text tokens
+    dense: bool = False  # no padding in the prompt: every row's text continues at the same table column
+    cos_sin: dict = field(default_factory=dict)  # per geometry (table, cos, sin) of the table (hooks build it)
 
 
 @dataclass
@@ -59,6 +61,9 @@ class _State:
     prompt: Optional[_Prompt] = None  # the last prompt placed, for cached decoding
     pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
     stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
+    run: Optional[tuple] = None  # (pending, start, length): pending is the prompt's table from column start
+    # (start None: pending is the prompt itself)
+    vision_ids: dict = field(default_factory=dict)  # device -> tensor of the image/video token ids
     last: dict[int, torch.Tensor] = field(default_factory=dict)
     seen: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)  # dynamic NTK: (length, W) per geometry
 
@@ -149,11 +154,12 @@ def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
         types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
     length = types.shape[1]
     counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
-    prompt = _Prompt(types, mask, grids, counts.to(device), {})
+    prompt = _Prompt(types, mask, grids, counts.to(device), {}, dense=bool((counts == length).all()))
     placed = _place(state, prompt, FOLLOW)
     prompt.table = {n: p[:, :, length:].to(device) for n, p in placed.items()}
     state.prompt = prompt
     state.pending = {n: p[:, :, :length].to(device) for n, p in placed.items()}
+    state.run = (state.pending, None, 0)  # the rotary hook evaluates the continuation's cos/sin with the prompt's
 
 
 def rope_deltas(state: _State) -> Optional[torch.Tensor]:
@@ -209,18 +215,32 @@ def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor],
 # cached decoding
 
 
+def vision_in_ids(state: _State, input_ids: torch.Tensor) -> torch.Tensor:
+    """Whether each of ``input_ids`` is the image or video token (bool, same shape): one ``isin``, so a
+    decoding step pays one small op for the check instead of building its token types."""
+    ids = state.vision_ids.get(input_ids.device)
+    if ids is None:
+        known = [t for t in (state.image_token_id, state.video_token_id) if t is not None]
+        ids = state.vision_ids[input_ids.device] = torch.tensor(known, dtype=input_ids.dtype, device=input_ids.device)
+    return torch.isin(input_ids, ids)
+
+
 def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
-    """Refuse image/video tokens after a KV cache: their grids cannot be placed incrementally."""
+    """Refuse image/video tokens after a KV cache: their grids cannot be placed incrementally.
+
+    ``new_types``: the new tokens' types (text 0), or a bool tensor that is True at vision tokens.
+    """
     if new_types is None:
         return
+    bad = new_types if new_types.dtype == torch.bool else new_types != 0
     message = (
         "patched model: image/video tokens after a KV cache are not supported (the new tokens hold the "
         "image/video token id or a non-zero mm_token_type_ids); run the whole sequence again without "
         "past_key_values"
     )
     if torch.compiler.is_compiling():
-        torch._assert_async((new_types == 0).all(), message)  # checked on the device, no graph break
-    elif bool((new_types != 0).any()):
+        torch._assert_async(~bad.any(), message)  # checked on the device, no graph break
+    elif bool(bad.any()):
         raise ValueError(message)
 
 
@@ -241,6 +261,12 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
     if batch % base:
         raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} cached sequences")
     k = batch // base
+    size = next(iter(prompt.table.values())).shape[2]
+    start = _run_start(prompt, mask, past, k)
+    if start is not None and start + length <= size:  # what the general path below gives, as plain slices
+        state.pending = {name: table[:, :, start:start + length] for name, table in prompt.table.items()}
+        state.run = (state.pending, start, length)
+        return
     counts = prompt.counts.repeat_interleave(k) if k > 1 else prompt.counts
     step = torch.arange(length, device=device)
     if mask is not None:
@@ -251,7 +277,6 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
         after = (past - prompt.types.shape[1] + step).expand(batch, length).to(device)
         new = torch.ones(batch, length, dtype=torch.bool, device=device)
     after = after.clamp(min=0)  # text tokens since the prompt
-    size = next(iter(prompt.table.values())).shape[2]
     if not torch.compiler.is_compiling():
         need = int(after.max()) + 1 if after.numel() else 0
         if need > size:  # eager only: place further ahead so every position comes from the design itself
@@ -260,6 +285,21 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
             prompt.table = {n: p[:, :, -grow:].to(device) for n, p in placed.items()}
             size = grow
     state.pending = {name: _read(table, after, new, k) for name, table in prompt.table.items()}
+
+
+def _run_start(prompt: _Prompt, mask: Optional[torch.Tensor], past: Any, k: int) -> Optional[int]:
+    """The table column where this step's tokens start when they are one run of text right after the
+    cache for every row (eager, unexpanded batch, no padding anywhere), else None.
+
+    Then token ``i`` of the step is text token ``past − L + i`` after the prompt of length ``L`` in every
+    row, which is exactly what the general path computes, so the step can read plain slices of the table.
+    """
+    if k != 1 or not isinstance(past, int) or torch.compiler.is_compiling():
+        return None
+    if mask is not None and not (prompt.dense and bool(mask.all())):
+        return None
+    start = past - prompt.types.shape[1]
+    return start if start >= 0 else None
 
 
 def _read(table: torch.Tensor, after: torch.Tensor, new: torch.Tensor, k: int) -> torch.Tensor:
