@@ -81,6 +81,7 @@ def _rotaries():
         "LieRE": ropekit.LieRE(24, block_size=8, seed=0),
         "ComRoPE": ropekit.ComRoPE(24, seed=0),
         "GRAPE": ropekit.GRAPE(24, 2, mode="interleaved", init_scale=0.5, seed=0),
+        "GeoPE": ropekit.GeoPE(24),
     }
 
 
@@ -93,7 +94,7 @@ def test_coordinates_of_another_batch_are_refused_not_broadcast(name):
     for q in (_randn(1, 4, 5, 24), _randn(2, 4, 5, 24)):
         with pytest.raises(ValueError, match="`coords`.*3 samples"):
             rotary.rotate(q, q, coords)
-    if name in ("RoPE", "DirectionalRoPE", "RotaryEmbedding"):
+    if name in ("RoPE", "DirectionalRoPE", "RotaryEmbedding", "GeoPE"):
         with pytest.raises(ValueError, match="`coords`.*3 samples"):
             rotary.rotate(_randn(4, 5, 24), _randn(4, 5, 24), coords)
         q3 = _randn(4, 5, 24, seed=7)  # one shared sample (1, L, A) is the (L, A) of a 3-D q
