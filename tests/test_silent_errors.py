@@ -81,6 +81,7 @@ def _rotaries():
         "LieRE": ropekit.LieRE(24, block_size=8, seed=0),
         "ComRoPE": ropekit.ComRoPE(24, seed=0),
         "GRAPE": ropekit.GRAPE(24, 2, mode="interleaved", init_scale=0.5, seed=0),
+        "GeoPE": ropekit.GeoPE(24),
     }
 
 
@@ -93,7 +94,7 @@ def test_coordinates_of_another_batch_are_refused_not_broadcast(name):
     for q in (_randn(1, 4, 5, 24), _randn(2, 4, 5, 24)):
         with pytest.raises(ValueError, match="`coords`.*3 samples"):
             rotary.rotate(q, q, coords)
-    if name in ("RoPE", "DirectionalRoPE", "RotaryEmbedding"):
+    if name in ("RoPE", "DirectionalRoPE", "RotaryEmbedding", "GeoPE"):
         with pytest.raises(ValueError, match="`coords`.*3 samples"):
             rotary.rotate(_randn(4, 5, 24), _randn(4, 5, 24), coords)
         q3 = _randn(4, 5, 24, seed=7)  # one shared sample (1, L, A) is the (L, A) of a 3-D q
@@ -174,3 +175,47 @@ def test_context_extension_applies_to_per_head_frequencies():
     torch.testing.assert_close(rope.rotate(q, q, coords)[0].double(), want, rtol=0, atol=1e-5)
     W, attn = ropekit.scale_frequencies(ropekit.frequency_matrix("mhrope", 64, 3), yarn)
     assert W.shape == (8, 3, 32) and attn == pytest.approx(factor)
+
+
+def _triton_interpreted(x, cos, sin):
+    from ropekit.apply import triton_rope
+
+    return triton_rope.apply_rotary_triton(x, cos, sin)
+
+
+_APPLY = {"apply_rotary": ropekit.apply_rotary, "apply_rotary_fused": ropekit.apply_rotary_fused,
+          "apply_rotary_triton": _triton_interpreted}
+
+
+@pytest.mark.parametrize("name", list(_APPLY))
+def test_cos_sin_tables_of_another_batch_are_refused_not_broadcast(name, monkeypatch):
+    # tables for 3 samples against x of batch 1 came back as a batch of 3; a one-sample (H, L, D) x with
+    # (3, L, R/2) tables came back 4-D, and with partial rotary failed inside torch.cat
+    if name == "apply_rotary_triton":  # the Triton kernel, run on CPU tensors by Triton's interpreter
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    apply = _APPLY[name]
+    for x in (_randn(1, 8, 21, 64), _randn(2, 8, 21, 64), _randn(8, 21, 64)):
+        for shape in ((3, 21, 32), (3, 21, 16), (3, 1, 21, 32), (3, 8, 21, 32)):
+            t = _randn(*shape, seed=1)
+            with pytest.raises(ValueError, match=r"`cos`/`sin`.*3 samples"):
+                apply(x, t, t)
+    # a one-sample (H, L, D) x takes tables of one sample, and keeps its shape: against a float64 reference
+    x = _randn(8, 21, 64, seed=2)
+    theta = _randn(21, 24, seed=3).double()
+    want = _rotate_half(x, theta)
+    c, s = torch.cos(theta).float(), torch.sin(theta).float()
+    for tables in ((c, s), (c[None], s[None]), (c[None, None], s[None, None]),
+                   (c.expand(8, 21, 24)[None], s.expand(8, 21, 24)[None])):
+        out = apply(x, *tables)
+        assert out.shape == x.shape
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+    # per-head tables (1, H, L, R/2) rotate head h of the one sample by table h
+    theta_h = _randn(8, 21, 32, seed=4).double()
+    out = apply(x, torch.cos(theta_h)[None].float(), torch.sin(theta_h)[None].float())
+    torch.testing.assert_close(out.double(), _rotate_half(x, theta_h), rtol=0, atol=1e-5)
+    # what stays accepted for (B, H, L, D): one table per sample, or one shared, each sample by its own
+    xb = _randn(3, 8, 21, 64, seed=5)
+    theta_b = _randn(3, 21, 32, seed=6).double()
+    out = apply(xb, torch.cos(theta_b).float(), torch.sin(theta_b).float())
+    torch.testing.assert_close(out.double(), _rotate_half(xb, theta_b[:, None]), rtol=0, atol=1e-5)

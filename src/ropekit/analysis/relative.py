@@ -45,10 +45,13 @@ def planar_score(W: torch.Tensor, *, channels: str = "half") -> ScoreFn:
     if not isinstance(W, torch.Tensor) or W.ndim not in (2, 3):
         raise ValueError("planar_score: `W` must be a tensor (A, R/2) or per-head (H, A, R/2)")
 
+    def rotate(x, pos):
+        cos, sin = cos_sin(angles(pos, W))  # per-head W: (H, N, R/2), one table per copy of x
+        x = x[None, None].expand(cos.shape[0] if W.ndim == 3 else 1, 1, -1, -1)
+        return apply_rotary(x, cos, sin, channels=channels)
+
     def score(q, k, pos_q, pos_k):
-        rq = apply_rotary(q[None, None], *cos_sin(angles(pos_q, W)), channels=channels)
-        rk = apply_rotary(k[None, None], *cos_sin(angles(pos_k, W)), channels=channels)
-        return (rq * rk).sum(-1)
+        return (rotate(q, pos_q) * rotate(k, pos_k)).sum(-1)
 
     return score
 

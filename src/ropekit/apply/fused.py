@@ -141,7 +141,7 @@ def apply_rotary_qk_fused(
 
     ``q``/``k`` are ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``) and may have
     different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
-    or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels.
+    or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels, their batch q's or 1 (see :func:`ropekit.apply_rotary`).
     """
     rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q", finite=False)
     if _validate(k, cos, sin, channels, seq_dim, "k", finite=False)[1] != seq_dim:

@@ -26,7 +26,7 @@ import torch
 from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
-from ._inputs import canonical_seq_dim, check_qk, resolve_coords
+from ._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ._parallel import run_blocks
 
 __all__ = ["apply_geope", "apply_geope_qk", "rotate_triples", "GeoPE"]
@@ -277,5 +277,5 @@ class GeoPE:
         """Rotate q and k (last dim ``head_dim``; ``seq_dim`` as in :meth:`ropekit.RoPE.rotate`) at ``coords``."""
         check_qk(q, k, self.head_dim)
         seq_dim = canonical_seq_dim(seq_dim, q.ndim)
-        coords = resolve_coords(coords, self.design, self.design_options, q.device)
+        coords = match_coords_batch(resolve_coords(coords, self.design, self.design_options, q.device), q)
         return apply_geope_qk(q, k, self.rotation(coords), seq_dim=seq_dim)

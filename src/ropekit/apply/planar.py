@@ -30,7 +30,11 @@ def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _broadcast(t: torch.Tensor, x: torch.Tensor, seq_dim: int) -> torch.Tensor:
-    """Shape cos/sin ``(L, R/2)``, ``(B, L, R/2)`` or ``(B, H, L, R/2)`` to broadcast against ``x``."""
+    """Shape cos/sin ``(L, R/2)``, ``(B, L, R/2)`` or ``(B, H, L, R/2)`` to broadcast against ``x``.
+
+    A 3-D ``x`` is one ``(H, L, D)`` sample: the tables' batch (checked to be 1) is dropped."""
+    if x.ndim == 3 and t.ndim > 2:
+        return t[0]
     if t.ndim == 2:
         return t if seq_dim == -2 else t[:, None, :]
     if t.ndim == 3:
@@ -77,8 +81,9 @@ def _validate(
             f"cos/sin cover {rot} channels but head_dim is {D} (last dim of `{name}`); build the frequencies "
             f"with rotary_dim <= head_dim"
         )
-    heads = x.shape[1] if seq_dim == -2 else x.shape[2]
-    if cos.ndim == 4 and x.ndim == 4 and cos.shape[1] not in (1, heads):
+    _check_table_batch(x, cos, name)
+    heads = x.shape[0] if x.ndim == 3 else x.shape[1] if seq_dim == -2 else x.shape[2]
+    if cos.ndim == 4 and cos.shape[1] not in (1, heads):
         raise ValueError(
             f"cos/sin have {cos.shape[1]} per-head tables but `x` has {heads} heads; give one table per head "
             f"(repeat each KV head's table over its query group, as ropekit.RoPE.rotate does) or a single one"
@@ -90,6 +95,24 @@ def _validate(
             f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
         )
     return rot, seq_dim
+
+
+def _check_table_batch(x: torch.Tensor, cos: torch.Tensor, name: str) -> None:
+    """Batched cos/sin must have x's batch or 1: broadcasting would silently return a tensor of another shape."""
+    if cos.ndim == 2 or cos.shape[0] == 1:
+        return
+    if x.ndim == 3:
+        raise ValueError(
+            f"apply_rotary: `cos`/`sin` {tuple(cos.shape)} hold tables for {cos.shape[0]} samples but `{name}` "
+            f"{tuple(x.shape)} is one (H, L, D) sample; pass `{name}` as (B, H, L, D), or cos/sin as (L, R/2) "
+            f"(per-head tables as (1, H, L, R/2))"
+        )
+    if cos.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"apply_rotary: `cos`/`sin` {tuple(cos.shape)} hold tables for {cos.shape[0]} samples but `{name}` has "
+            f"batch {x.shape[0]}; give one table per sample ((B, L, R/2) or (B, H, L, R/2)) or one shared "
+            f"((L, R/2), or batch 1)"
+        )
 
 
 def check_finite(t: torch.Tensor, arg: str, dtype: torch.dtype) -> None:
@@ -114,7 +137,14 @@ def apply_rotary(
     """Rotate channel pairs of ``x`` by the angles whose cos/sin are given (RoPE, Su et al. eq. 34).
 
     ``seq_dim`` is the sequence dim of ``x``: ``-2``/``2`` for ``(B, H, L, D)``, ``1``/``-3`` for
-    ``(B, L, H, D)``; other values raise ``ValueError``.
+    ``(B, L, H, D)``; other values raise ``ValueError``. A 3-D ``x`` is one sample ``(H, L, D)`` (``seq_dim``
+    ``-2`` or ``1``).
+
+    ``cos``/``sin`` (from :func:`cos_sin`) are ``(L, R/2)`` shared by every sample, ``(B, L, R/2)`` one table
+    per sample, or ``(B, H, L, R/2)`` one per sample and head (``H`` may be 1). Their batch ``B`` must be x's
+    batch or 1; for a 3-D ``x`` it must be 1. A 3-D table is always read as per sample: per-head tables
+    ``(H, L, R/2)`` (e.g. RoPE-Mixed's) must be passed as ``(1, H, L, R/2)`` (``cos[None]``), since by shape
+    alone they cannot be told from a batch. Anything else raises ``ValueError``; the output has x's shape.
     """
     rot, seq_dim = _validate(x, cos, sin, channels, seq_dim)
     dtype = x.dtype
