@@ -213,8 +213,6 @@ def patch_model(
         saved = dict(getattr(inner.config, persist.CONFIG_KEY))
         design, age, allocation, options = (restored[k] for k in ("design", "age", "allocation", "options"))
     adapter.check(inner)
-    if is_patched(inner):
-        _remove(top, inner, text)
     layers = list(text.layers)
     names = _resolve_layers(design, age, len(layers))
     primary = names[0] if age is None else get_design(design if isinstance(design, str) else design[0]).name
@@ -254,6 +252,8 @@ def patch_model(
         persist.check_restored(saved, names, allocations, sections)
     persist.record(inner.config, design=design, age=age, allocation=allocation, options=per_design,
                    layers=names, allocations=allocations, sections=sections)
+    if is_patched(inner):  # only now: a refused argument above leaves the old patch (and its record) in place
+        _remove(top, inner, text, erase=False)
     vcfg = getattr(inner.config, "vision_config", None)
     state = _State(
         adapter=adapter,
@@ -289,7 +289,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None:
+def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: bool = True) -> None:
     hooks.remove(top, "_prepare_position_ids_for_generation")
     for layer in text.layers:
         hooks.remove(layer, "forward")
@@ -297,7 +297,8 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None
     hooks.remove(inner, "compute_3d_position_ids")
     hooks.remove(inner, "forward")
     inner.__dict__.pop(_STATE_ATTR, None)
-    persist.erase(inner.config)
+    if erase:
+        persist.erase(inner.config)
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:
