@@ -130,7 +130,7 @@ def _geometry(
     check_options(d, options)
     num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
     alloc = allocation or (native if d.allocation == "mrope" else d.allocation)
-    secs = list(sections) if alloc in ("mrope", "interleaved") and len(sections) == num_axes else None
+    secs = list(sections) if _uses_sections(alloc, num_axes, sections) else None
     try:
         W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
     except (ValueError, TypeError) as e:
@@ -150,6 +150,11 @@ def _geometry(
         return _Geometry(name, dict(options), alloc, W, scaling=scaling, dim=head_dim, base=base)
     return _Geometry(name, dict(options), alloc, scale_frequencies(W, scaling, base=base, dim=head_dim)[0],
                      dim=head_dim, base=base)
+
+
+def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int]) -> bool:
+    """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``."""
+    return allocation in ("mrope", "interleaved") and len(sections) == num_axes
 
 
 def _check_sections(sections: Any, head_dim: int) -> list[int]:
@@ -230,6 +235,11 @@ def patch_model(
         raise ValueError(f"patch_model: options given for design(s) {unused} that no layer uses (layers use {sorted(set(names))})")
     if allocation is not None and not isinstance(allocation, (str, Mapping)):
         raise TypeError(f"patch_model: `allocation` must be a name or a mapping design → name, got {allocation!r}")
+    unused = [k for k in (get_design(k).name for k in allocation or {}) if k not in names] if isinstance(
+        allocation, Mapping) else []
+    if unused:
+        raise ValueError(f"patch_model: `allocation` given for design(s) {unused} that no layer uses (layers use "
+                         f"{sorted(set(names))})")
 
     tcfg = text.config
     rope = dict(getattr(tcfg, "rope_parameters", None) or {})
@@ -239,6 +249,7 @@ def patch_model(
         raise ValueError(f"patch_model: the model's rope_parameters cannot be applied: {e}") from None
     head_dim = adapter.rotary_dim(text)
     native = adapter.native_allocation
+    given_sections = sections is not None
     sections = adapter.sections(rope, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
     if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
         sections = _check_sections(saved["sections"], head_dim)
@@ -248,6 +259,12 @@ def patch_model(
         for n in dict.fromkeys(names)
     }
     allocations = {n: g.allocation for n, g in geometries.items()}
+    if given_sections and not any(_uses_sections(g.allocation, g.W.shape[0], sections) for g in geometries.values()):
+        raise ValueError(
+            f"patch_model: `sections` {sections} would be ignored: no layer's design splits its frequencies by "
+            f"sections (allocation 'mrope' or 'interleaved' with {len(sections)} axes); the layers use "
+            f"{allocations}. Drop `sections`, or use a 3-axis design such as 'mrope' or 'circle'"
+        )
     if restoring:
         persist.check_restored(saved, names, allocations, sections)
     persist.record(inner.config, design=design, age=age, allocation=allocation, options=per_design,
