@@ -58,3 +58,23 @@ def test_an_allocation_for_a_design_no_layer_uses_is_refused(qwen2):
     assert not is_patched(qwen2)
     patch_model(qwen2, ("circle", "vrope"), age="alternate", allocation={"vrope": "axial"})  # used: fine
     assert is_patched(qwen2)
+
+
+def _image_inputs():
+    ids = torch.tensor([[5, 6] + [IMG] * 4 + [7, 8]])
+    return dict(input_ids=ids, mm_token_type_ids=(ids == IMG).long(), attention_mask=torch.ones_like(ids),
+                image_grid_thw=torch.tensor([[1, 4, 4]]), pixel_values=torch.randn(16, 24))
+
+
+def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refused(qwen2):
+    """Patching only ``model.model`` left ``model.generate`` stock: it computed stock M-RoPE positions and
+    passed them as explicit position ids, so the design was silently not applied."""
+    inputs = _image_inputs()
+    kw = dict(max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        stock = qwen2.generate(**inputs, **kw)
+        patch_model(qwen2.model, "circle")
+        with pytest.raises(ValueError, match=r"patch_model\(model\), not patch_model\(model.model\)"):
+            qwen2.generate(**inputs, **kw)
+        unpatch_model(qwen2.model)
+        assert torch.equal(qwen2.generate(**inputs, **kw), stock)  # the stock method is back

@@ -289,11 +289,27 @@ def patch_model(
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
+    if top is None and hasattr(inner, "get_rope_index"):  # a bare model: only an unpatched wrapper calls this
+        hooks.install(inner, "get_rope_index", _refuse_stock_positions, state)
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
         hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)
     inner.__dict__[_STATE_ATTR] = state
     return model
+
+
+def _refuse_stock_positions(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    """``get_rope_index`` of a patched bare Qwen model: the stock M-RoPE positions would override the design.
+
+    Inside a patched model nothing calls it; the caller is the ``generate`` of a ``...ForConditionalGeneration``
+    whose ``.model`` alone was patched, which would pass these positions as explicit ``position_ids``.
+    """
+    raise ValueError(
+        f"patched model: {type(hook.owner).__name__}.get_rope_index was called on a bare model patched by "
+        f"ropekit; the unpatched ...ForConditionalGeneration around it calls this in generate and would pass "
+        f"stock M-RoPE positions instead of the design's. Patch the generation model itself: patch_model(model), "
+        f"not patch_model(model.model)"
+    )
 
 
 def unpatch_model(model: nn.Module) -> nn.Module:
@@ -312,6 +328,7 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: 
         hooks.remove(layer, "forward")
     hooks.remove(text.rotary_emb, "forward")
     hooks.remove(inner, "compute_3d_position_ids")
+    hooks.remove(inner, "get_rope_index")
     hooks.remove(inner, "forward")
     inner.__dict__.pop(_STATE_ATTR, None)
     if erase:
