@@ -130,3 +130,26 @@ def test_bad_records_and_arguments_are_refused():
     delattr(model.config, CONFIG_KEY)
     with pytest.raises(TypeError, match="cannot be recorded.*JSON"):
         patch_model(model, "circle", alpha=torch.tensor(0.5))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(design="circl"),  # a typo in the design name
+    dict(design="vrope", allocation="no-such-allocation"),
+    dict(design="circle", sections=[1, 1]),
+    dict(design="circle", no_such_option=3),
+    dict(design="circle", age=[True]),  # one entry for a 4-layer model
+    dict(design="circle", radius=object()),  # not JSON-able: cannot be recorded
+])
+def test_a_refused_repatch_keeps_the_previous_patch(bad):
+    """Patching again with a bad argument raises and leaves the model as it was: still patched, with the
+    same per-layer designs, record and logits (it used to come back silently stock)."""
+    _, model = _build("qwen2_vl")
+    inputs = _inputs()
+    patch_model(model, "circle", age="alternate", alpha=0.5)
+    before, record = _logits(model, inputs), dict(getattr(model.config, CONFIG_KEY))
+    bad = dict(bad)
+    with pytest.raises((ValueError, TypeError)):
+        patch_model(model, bad.pop("design"), **bad)
+    assert is_patched(model) and layer_designs(model) == ["circle", "mrope", "circle", "mrope"]
+    assert getattr(model.config, CONFIG_KEY) == record
+    assert torch.equal(_logits(model, inputs), before)

@@ -130,7 +130,7 @@ def _geometry(
     check_options(d, options)
     num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
     alloc = allocation or (native if d.allocation == "mrope" else d.allocation)
-    secs = list(sections) if alloc in ("mrope", "interleaved") and len(sections) == num_axes else None
+    secs = list(sections) if _uses_sections(alloc, num_axes, sections) else None
     try:
         W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
     except (ValueError, TypeError) as e:
@@ -150,6 +150,11 @@ def _geometry(
         return _Geometry(name, dict(options), alloc, W, scaling=scaling, dim=head_dim, base=base)
     return _Geometry(name, dict(options), alloc, scale_frequencies(W, scaling, base=base, dim=head_dim)[0],
                      dim=head_dim, base=base)
+
+
+def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int]) -> bool:
+    """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``."""
+    return allocation in ("mrope", "interleaved") and len(sections) == num_axes
 
 
 def _check_sections(sections: Any, head_dim: int) -> list[int]:
@@ -213,8 +218,6 @@ def patch_model(
         saved = dict(getattr(inner.config, persist.CONFIG_KEY))
         design, age, allocation, options = (restored[k] for k in ("design", "age", "allocation", "options"))
     adapter.check(inner)
-    if is_patched(inner):
-        _remove(top, inner, text)
     layers = list(text.layers)
     names = _resolve_layers(design, age, len(layers))
     primary = names[0] if age is None else get_design(design if isinstance(design, str) else design[0]).name
@@ -232,6 +235,11 @@ def patch_model(
         raise ValueError(f"patch_model: options given for design(s) {unused} that no layer uses (layers use {sorted(set(names))})")
     if allocation is not None and not isinstance(allocation, (str, Mapping)):
         raise TypeError(f"patch_model: `allocation` must be a name or a mapping design → name, got {allocation!r}")
+    unused = [k for k in (get_design(k).name for k in allocation or {}) if k not in names] if isinstance(
+        allocation, Mapping) else []
+    if unused:
+        raise ValueError(f"patch_model: `allocation` given for design(s) {unused} that no layer uses (layers use "
+                         f"{sorted(set(names))})")
 
     tcfg = text.config
     rope = dict(getattr(tcfg, "rope_parameters", None) or {})
@@ -241,6 +249,7 @@ def patch_model(
         raise ValueError(f"patch_model: the model's rope_parameters cannot be applied: {e}") from None
     head_dim = adapter.rotary_dim(text)
     native = adapter.native_allocation
+    given_sections = sections is not None
     sections = adapter.sections(rope, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
     if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
         sections = _check_sections(saved["sections"], head_dim)
@@ -250,10 +259,18 @@ def patch_model(
         for n in dict.fromkeys(names)
     }
     allocations = {n: g.allocation for n, g in geometries.items()}
+    if given_sections and not any(_uses_sections(g.allocation, g.W.shape[0], sections) for g in geometries.values()):
+        raise ValueError(
+            f"patch_model: `sections` {sections} would be ignored: no layer's design splits its frequencies by "
+            f"sections (allocation 'mrope' or 'interleaved' with {len(sections)} axes); the layers use "
+            f"{allocations}. Drop `sections`, or use a 3-axis design such as 'mrope' or 'circle'"
+        )
     if restoring:
         persist.check_restored(saved, names, allocations, sections)
     persist.record(inner.config, design=design, age=age, allocation=allocation, options=per_design,
                    layers=names, allocations=allocations, sections=sections)
+    if is_patched(inner):  # only now: a refused argument above leaves the old patch (and its record) in place
+        _remove(top, inner, text, erase=False)
     vcfg = getattr(inner.config, "vision_config", None)
     state = _State(
         adapter=adapter,
@@ -272,11 +289,27 @@ def patch_model(
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
+    if top is None and hasattr(inner, "get_rope_index"):  # a bare model: only an unpatched wrapper calls this
+        hooks.install(inner, "get_rope_index", _refuse_stock_positions, state)
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
         hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)
     inner.__dict__[_STATE_ATTR] = state
     return model
+
+
+def _refuse_stock_positions(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    """``get_rope_index`` of a patched bare Qwen model: the stock M-RoPE positions would override the design.
+
+    Inside a patched model nothing calls it; the caller is the ``generate`` of a ``...ForConditionalGeneration``
+    whose ``.model`` alone was patched, which would pass these positions as explicit ``position_ids``.
+    """
+    raise ValueError(
+        f"patched model: {type(hook.owner).__name__}.get_rope_index was called on a bare model patched by "
+        f"ropekit; the unpatched ...ForConditionalGeneration around it calls this in generate and would pass "
+        f"stock M-RoPE positions instead of the design's. Patch the generation model itself: patch_model(model), "
+        f"not patch_model(model.model)"
+    )
 
 
 def unpatch_model(model: nn.Module) -> nn.Module:
@@ -289,15 +322,17 @@ def unpatch_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module) -> None:
+def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: bool = True) -> None:
     hooks.remove(top, "_prepare_position_ids_for_generation")
     for layer in text.layers:
         hooks.remove(layer, "forward")
     hooks.remove(text.rotary_emb, "forward")
     hooks.remove(inner, "compute_3d_position_ids")
+    hooks.remove(inner, "get_rope_index")
     hooks.remove(inner, "forward")
     inner.__dict__.pop(_STATE_ATTR, None)
-    persist.erase(inner.config)
+    if erase:
+        persist.erase(inner.config)
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:

@@ -1,0 +1,80 @@
+"""patch_model refuses arguments that no layer would use, instead of silently ignoring them.
+
+Reference: what the patched model actually rotates with (the frequency matrix of each layer's geometry)
+— an argument that changes none of them must be an error naming it, not a no-op the user believes in.
+"""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+from ropekit.hf import is_patched, patch_model, unpatch_model
+
+IMG, VID = 70, 71
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    cfg = Qwen2VLConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=80, num_hidden_layers=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                           patch_size=2, temporal_patch_size=2),
+        image_token_id=IMG, video_token_id=VID,
+    )
+    torch.manual_seed(0)
+    return Qwen2VLForConditionalGeneration(cfg).eval()
+
+
+@pytest.fixture(autouse=True)
+def _stock_before(qwen2):
+    if is_patched(qwen2):
+        unpatch_model(qwen2)
+
+
+@pytest.mark.parametrize("design,kw", [
+    ("vrope", {}),  # VRoPE's own allocation has no sections
+    ("vanilla", {}),  # 1-D RoPE
+    ("circle", dict(allocation="mrope-interleave")),  # a published layout: patch_model passes it no sections
+])
+def test_sections_no_layer_uses_are_refused(qwen2, design, kw):
+    with pytest.raises(ValueError, match="`sections`"):
+        patch_model(qwen2, design, sections=[4, 2, 2], **kw)
+    assert not is_patched(qwen2)
+
+
+def test_sections_used_by_one_geometry_of_an_age_pair_are_accepted(qwen2):
+    patch_model(qwen2, ("circle", "vrope"), age="alternate", sections=[4, 2, 2])
+    assert is_patched(qwen2)
+
+
+def test_an_allocation_for_a_design_no_layer_uses_is_refused(qwen2):
+    with pytest.raises(ValueError, match="`allocation`.*vrope"):
+        patch_model(qwen2, "circle", allocation={"vrope": "axial"})
+    assert not is_patched(qwen2)
+    patch_model(qwen2, ("circle", "vrope"), age="alternate", allocation={"vrope": "axial"})  # used: fine
+    assert is_patched(qwen2)
+
+
+def _image_inputs():
+    ids = torch.tensor([[5, 6] + [IMG] * 4 + [7, 8]])
+    return dict(input_ids=ids, mm_token_type_ids=(ids == IMG).long(), attention_mask=torch.ones_like(ids),
+                image_grid_thw=torch.tensor([[1, 4, 4]]), pixel_values=torch.randn(16, 24))
+
+
+def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refused(qwen2):
+    """Patching only ``model.model`` left ``model.generate`` stock: it computed stock M-RoPE positions and
+    passed them as explicit position ids, so the design was silently not applied."""
+    inputs = _image_inputs()
+    kw = dict(max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        stock = qwen2.generate(**inputs, **kw)
+        patch_model(qwen2.model, "circle")
+        with pytest.raises(ValueError, match=r"patch_model\(model\), not patch_model\(model.model\)"):
+            qwen2.generate(**inputs, **kw)
+        unpatch_model(qwen2.model)
+        assert torch.equal(qwen2.generate(**inputs, **kw), stock)  # the stock method is back
