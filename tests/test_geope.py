@@ -274,7 +274,7 @@ def test_blocked_eager_path_matches_quaternion_reference(monkeypatch, D):
     ref0 = sandwich(x, reference_quaternion(coords[0], freqs))
     torch.testing.assert_close(apply_geope(x, shared).double(), ref0, **tol)
     # the form used under torch.compile (traced there; run eagerly here), also differentiable in x
-    traced = geo._rotate_coeff_functional(xg, rot.coeffs, D // 3, -2)
+    traced = geo._rotate_coeff_functional(xg, rot.triples, D // 3, -2)
     torch.testing.assert_close(traced.detach().double(), ref, **tol)
     traced.square().sum().backward()  # rotations preserve each triple's norm, so d‖Rx‖²/dx = 2x there
     torch.testing.assert_close(xg.grad[..., : 3 * (D // 3)], 2 * x[..., : 3 * (D // 3)])
