@@ -8,9 +8,9 @@ quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); outp
 Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
-  of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
-  applied to each triple's three components with fixed slices instead, which Inductor fuses into one
-  vectorised loop;
+  of full-size temporaries; under ``torch.compile`` and on accelerators each triple's three components
+  combined with its nine packed weights (:func:`ropekit.rotations.geope.triple_weights`) with fixed
+  slices instead, which Inductor fuses into one loop over triples;
 - eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing

@@ -12,7 +12,8 @@ turns positions into ``φ`` and the Rodrigues coefficients ``cos Θ``, ``sin Θ/
 each smooth in ``Θ²`` so that ``Θ = 0`` is an exact identity with finite gradients. No 3×3 matrix is
 built per query or key; ``ropekit.apply.geope`` applies the rotation to q/k. For the fast eager path the
 rotation also carries Rodrigues' formula expanded per output channel (:func:`channel_coefficients`),
-computed once per rotation and shared by every batch entry, head and layer that uses it.
+and for compiled code the same weights packed per triple (:func:`triple_weights`), computed once per
+rotation and shared by every batch entry, head and layer that uses it.
 
 GeoPE is **not** exactly relative: ``R_mᵀ R_n`` depends on the absolute positions, not only on
 ``n − m``, because rotations about different axes do not commute (paper §3.4). Only positions on
