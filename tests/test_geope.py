@@ -274,10 +274,30 @@ def test_blocked_eager_path_matches_quaternion_reference(monkeypatch, D):
     ref0 = sandwich(x, reference_quaternion(coords[0], freqs))
     torch.testing.assert_close(apply_geope(x, shared).double(), ref0, **tol)
     # the form used under torch.compile (traced there; run eagerly here), also differentiable in x
-    traced = geo._rotate_coeff_functional(xg, rot.coeffs, D // 3, -2)
+    traced = geo._rotate_coeff_functional(xg, rot.triples, D // 3, -2)
     torch.testing.assert_close(traced.detach().double(), ref, **tol)
     traced.square().sum().backward()  # rotations preserve each triple's norm, so d‖Rx‖²/dx = 2x there
     torch.testing.assert_close(xg.grad[..., : 3 * (D // 3)], 2 * x[..., : 3 * (D // 3)])
+
+
+def test_packed_triple_weights_are_the_rotation_matrix_entries():
+    """``triple_weights`` holds, per triple, R[c, c], then R[c, c±1], then the farther entry, where R is the
+    float64 rotation matrix of the quaternion sandwich (columns = images of the basis vectors)."""
+    from ropekit.rotations.geope import triple_weights
+
+    g = torch.Generator().manual_seed(3)
+    D, L = 9, 5
+    coords = torch.randn(L, 3, generator=g) * 4
+    r = reference_quaternion(coords, geope_frequencies(D))
+    basis = torch.eye(3, dtype=torch.float64)
+    # column d of R_(l, i) = sandwich of basis vector d placed in triple i
+    cols = torch.stack([sandwich(basis[d].repeat(D // 3).expand(L, D), r).unflatten(-1, (D // 3, 3))
+                        for d in range(3)], -1)  # (L, n, c, d) = R[c, d]
+    order = [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (1, 0), (2, 2), (2, 1), (2, 0)]
+    expected = torch.stack([cols[..., c, d] for c, d in order], -1)
+    rot = geope_rotation(coords, D)
+    torch.testing.assert_close(rot.triples.double(), expected, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(triple_weights(rot.coeffs), rot.triples, atol=0, rtol=0)
 
 
 # ---- bad input ---------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); outp
 Two paths give the same rotation (equal to float32 rounding):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
-  of full-size temporaries; under ``torch.compile`` and on accelerators the per-channel coefficients
-  applied to each triple's three components with fixed slices instead, which Inductor fuses into one
-  vectorised loop;
+  of full-size temporaries; under ``torch.compile`` and on accelerators each triple's three components
+  combined with its nine packed weights (:func:`ropekit.rotations.geope.triple_weights`) with fixed
+  slices instead, which Inductor fuses into one loop over triples;
 - eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
@@ -25,7 +25,8 @@ import torch
 
 from ..designs.registry import positions
 from ..layout import Layout
-from ..rotations.geope import CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
+from ..rotations.geope import (CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation,
+                               triple_weights)
 from ._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ._parallel import run_blocks
 
@@ -88,6 +89,14 @@ def _validate(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> int:
             f"the rotation has {rotation.seq_len} positions but `x` has sequence length {L} at dim {seq_dim} "
             f"(`seq_dim`: -2/2 for (B, H, L, D), 1/-3 for (B, L, H, D))"
         )
+    if rotation.vector.ndim == 4:  # per sample (B, L, n, 3): one row per sample of x, or one shared
+        rb = rotation.vector.shape[0]
+        if rb != 1 and (x.ndim != 4 or rb != x.shape[0]):
+            raise ValueError(
+                f"apply_geope: the rotation holds {rb} samples but `x` {tuple(x.shape)} "
+                + (f"has batch {x.shape[0]}" if x.ndim == 4 else "is one sample")
+                + "; build it from coordinates (B, L, A) with x's batch, or shared (L, A)"
+            )
     return n, seq_dim
 
 
@@ -118,33 +127,40 @@ def _coefficients(rotation: GeoPERotation, work: torch.dtype, device: torch.devi
     return c.to(device=device, dtype=work).contiguous()
 
 
-def _rotate_in_triples(xt: torch.Tensor, coef: "list[torch.Tensor]") -> torch.Tensor:
-    """Rotate ``xt (..., n, 3)`` inside each triple with the five per-channel weights of
-    :func:`ropekit.rotations.geope.channel_coefficients` (each shaped like ``xt``).
+def _triple_weights(rotation: GeoPERotation, work: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The rotation's packed per-triple weights ``(..., L, n, 9)`` in the working dtype, on ``device``."""
+    t = rotation.triples
+    if t is None or t.dtype != work:
+        t = triple_weights(_coefficients(rotation, work, device))
+    return t.to(device=device, dtype=work).contiguous()
 
-    Each output component reads only its own triple's three components, each with the one weight that
-    is not structurally zero (offset +1 for components 0 and 1, +2 for component 0, −1 for 1 and 2, −2
-    for 2), so a NaN/inf never meets a zero weight from another triple. Written with fixed slices rather
-    than cyclic shifts (``roll``): Inductor turns a roll into modular indexing that it cannot vectorise,
-    while these are plain strided loads in one loop, and no weight is combined with another first.
-    Terms are summed in the blocked eager path's order (offset 0, then the nearer, then the farther).
+
+def _rotate_in_triples(xt: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Rotate ``xt (..., n, 3)`` inside each triple with the nine weights per triple of
+    :func:`ropekit.rotations.geope.triple_weights` (``(..., n, 9)``, broadcasting against ``xt``).
+
+    Each output component reads only its own triple's three components, so a NaN/inf never meets a
+    weight from another triple. Written with fixed slices rather than cyclic shifts (``roll``): Inductor
+    turns a roll into modular indexing that it cannot vectorise, while these are plain loads in one
+    loop, and the nine weights of a triple lie side by side, so the loop reads 36 bytes of weights per
+    float32 triple. Terms are summed in the blocked eager path's order (own component, then the nearer,
+    then the farther).
     """
     v0, v1, v2 = xt.unbind(-1)
-    w0, wp1, wm1, wp2, wm2 = (w.unbind(-1) for w in coef)
-    return torch.stack((w0[0] * v0 + wp1[0] * v1 + wp2[0] * v2,
-                        w0[1] * v1 + wp1[1] * v2 + wm1[1] * v0,
-                        w0[2] * v2 + wm1[2] * v1 + wm2[2] * v0), dim=-1)
+    w = weights.unbind(-1)
+    return torch.stack((w[0] * v0 + w[1] * v1 + w[2] * v2,
+                        w[3] * v1 + w[4] * v2 + w[5] * v0,
+                        w[6] * v2 + w[7] * v1 + w[8] * v0), dim=-1)
 
 
-def _rotate_coeff_functional(x: torch.Tensor, coeffs: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
-    """Out-of-place per-channel form for tracing: each triple combines its own three components with the
-    rotation's weights (fixed slices inside the triple), which a compiler fuses into one loop.
-    Differentiable in ``x`` (not in the rotation)."""
+def _rotate_coeff_functional(x: torch.Tensor, weights: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
+    """Out-of-place per-triple form for tracing: each triple combines its own three components with the
+    rotation's packed weights ``(..., L, n, 9)`` (:func:`_triple_weights`), which a compiler fuses into
+    one loop. Differentiable in ``x`` (not in the rotation)."""
     work = _work_dtype(x)
     R = 3 * n
     xt = x[..., :R].to(work).unflatten(-1, (n, 3))
-    w = [_broadcast(c, 0, seq_dim, x.ndim).unflatten(-1, (n, 3)) for c in coeffs.to(work)]
-    out = _rotate_in_triples(xt, w).flatten(-2).to(x.dtype)
+    out = _rotate_in_triples(xt, _broadcast(weights.to(work), 1, seq_dim, x.ndim)).flatten(-2).to(x.dtype)
     if R == x.shape[-1]:
         return out
     return torch.cat((out, x[..., R:]), dim=-1)
@@ -170,7 +186,7 @@ def _confine(xf: torch.Tensor, coef: list[torch.Tensor], ob: torch.Tensor) -> No
     its own triple (the shifted views multiply it by the zero weights of neighbouring triples: 0 · inf = NaN)."""
     shape = ob.shape
     xt = xf.reshape(*shape[:-1], -1, 3)
-    ob.copy_(_rotate_in_triples(xt, [c.expand(shape).reshape(xt.shape) for c in coef]).reshape(shape))
+    ob.copy_(_rotate_in_triples(xt, triple_weights(torch.stack([c.expand(shape) for c in coef]))).reshape(shape))
 
 
 def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
@@ -225,7 +241,7 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
         return _rotate_functional(x, rotation, n, seq_dim)
     if torch.compiler.is_compiling() or x.device.type != "cpu":
         # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
-        return _rotate_coeff_functional(x, _coefficients(rotation, _work_dtype(x), x.device), n, seq_dim)
+        return _rotate_coeff_functional(x, _triple_weights(rotation, _work_dtype(x), x.device), n, seq_dim)
     coef = [_broadcast(c, 0, seq_dim, x.ndim) for c in _coefficients(rotation, _work_dtype(x), x.device)]
     triples = x.shape[:-1] + (3 * n,)
     if torch.broadcast_shapes(triples, coef[0].shape) != triples:

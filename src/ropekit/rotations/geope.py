@@ -12,7 +12,8 @@ turns positions into ``φ`` and the Rodrigues coefficients ``cos Θ``, ``sin Θ/
 each smooth in ``Θ²`` so that ``Θ = 0`` is an exact identity with finite gradients. No 3×3 matrix is
 built per query or key; ``ropekit.apply.geope`` applies the rotation to q/k. For the fast eager path the
 rotation also carries Rodrigues' formula expanded per output channel (:func:`channel_coefficients`),
-computed once per rotation and shared by every batch entry, head and layer that uses it.
+and for compiled code the same weights packed per triple (:func:`triple_weights`), computed once per
+rotation and shared by every batch entry, head and layer that uses it.
 
 GeoPE is **not** exactly relative: ``R_mᵀ R_n`` depends on the absolute positions, not only on
 ``n − m``, because rotations about different axes do not commute (paper §3.4). Only positions on
@@ -35,6 +36,7 @@ __all__ = [
     "rotation_vectors",
     "rodrigues_coefficients",
     "channel_coefficients",
+    "triple_weights",
     "CHANNEL_OFFSETS",
     "geope_rotation",
 ]
@@ -58,6 +60,8 @@ class GeoPERotation(NamedTuple):
     ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — Rodrigues' formula with the axis folded into φ.
     ``coeffs`` (optional, no gradient) is the same rotation expanded per output channel,
     ``(5, ..., L, 3n)`` from :func:`channel_coefficients`; the eager apply path uses it when present.
+    ``triples`` (optional, no gradient) holds the same nine nonzero weights per triple packed together,
+    ``(..., L, n, 9)`` from :func:`triple_weights`; the compiled and accelerator paths use it when present.
     """
 
     vector: torch.Tensor
@@ -65,6 +69,7 @@ class GeoPERotation(NamedTuple):
     sinc: torch.Tensor
     versc: torch.Tensor
     coeffs: torch.Tensor | None = None
+    triples: torch.Tensor | None = None
 
     @property
     def num_triples(self) -> int:
@@ -197,6 +202,21 @@ def channel_coefficients(
     return out.flatten(-2)
 
 
+def triple_weights(coeffs: torch.Tensor) -> torch.Tensor:
+    """Pack the per-channel weights ``(5, ..., 3n)`` of :func:`channel_coefficients` per triple: ``(..., n, 9)``.
+
+    Entry ``3c + t`` is the weight of term ``t`` of output component ``c``: component 0 reads input
+    components 0, 1, 2, component 1 reads 1, 2, 0, component 2 reads 2, 1, 0 (its own first, then the
+    nearer, then the farther, the order in which the eager path adds them). The nine numbers of a
+    triple are the nonzero entries of its 3×3 rotation matrix, side by side in memory, so a kernel
+    over triples reads 12 bytes of float32 weights per channel instead of the five planes' 20.
+    """
+    w0, wp1, wm1, wp2, wm2 = coeffs.unflatten(-1, (-1, 3)).unbind(0)
+    return torch.stack((w0[..., 0], wp1[..., 0], wp2[..., 0],
+                        w0[..., 1], wp1[..., 1], wm1[..., 1],
+                        w0[..., 2], wm1[..., 2], wm2[..., 2]), dim=-1)
+
+
 def geope_rotation(
     coords: torch.Tensor,
     head_dim: int,
@@ -233,4 +253,5 @@ def geope_rotation(
     cos, sinc, versc = rodrigues_coefficients(theta_sq)
     with torch.no_grad():
         coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
-    return GeoPERotation(vec, cos, sinc, versc, coeffs)
+        triples = triple_weights(coeffs)
+    return GeoPERotation(vec, cos, sinc, versc, coeffs, triples)
