@@ -219,3 +219,21 @@ def test_cos_sin_tables_of_another_batch_are_refused_not_broadcast(name, monkeyp
     theta_b = _randn(3, 21, 32, seed=6).double()
     out = apply(xb, torch.cos(theta_b).float(), torch.sin(theta_b).float())
     torch.testing.assert_close(out.double(), _rotate_half(xb, theta_b[:, None]), rtol=0, atol=1e-5)
+
+
+def test_apply_geope_refuses_a_rotation_of_another_batch():
+    """The functional GeoPE apply must not broadcast x (batch 1 or one 3-D sample) to the rotation's batch."""
+    from ropekit.apply.geope import apply_geope
+    from ropekit.rotations.geope import geope_rotation
+
+    rot3 = geope_rotation(torch.randn(3, 6, 2), 24)
+    for x in (torch.randn(1, 2, 6, 24), torch.randn(2, 2, 6, 24), torch.randn(2, 6, 24)):
+        with pytest.raises(ValueError, match="rotation holds 3 samples"):
+            apply_geope(x, rot3)
+    # accepted: the rotation's batch equals x's, or is shared; each sample rotated by its own coordinates
+    coords = torch.randn(3, 6, 2)
+    x = torch.randn(3, 2, 6, 24)
+    out = apply_geope(x, geope_rotation(coords, 24))
+    for b in range(3):
+        torch.testing.assert_close(out[b], apply_geope(x[b:b + 1], geope_rotation(coords[b], 24))[0])
+    assert apply_geope(torch.randn(2, 6, 24), geope_rotation(torch.randn(1, 6, 2), 24)).shape == (2, 6, 24)
