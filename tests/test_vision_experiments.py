@@ -221,6 +221,16 @@ def test_micro_runs_and_report(tmp_path, name, designs):
     (stored / f"experiments-{name}-micro.json").write_text((tmp_path / name / "aggregate.json").read_text())
     again = experiments_section(stored, stored)
     assert again["metrics"] == sec["metrics"] and list(stored.glob(f"exp_{name}_*.png"))
+    # a second stored run of the same experiment (e.g. a sweep) gets its own figures, not the first's files
+    agg2 = dict(agg, metrics={d: agg["metrics"][d] for d in designs[:2]}, designs=designs[:2])
+    (stored / f"experiments-{name}-sweep-micro.json").write_text(json.dumps(agg2))
+    both = experiments_section(stored, stored)
+    assert set(both["metrics"]) == {name, f"{name}-sweep-micro"}
+    first = {p.name[len(f"exp_{name}_"):] for p in stored.glob(f"exp_{name}_*.png") if "sweep" not in p.name}
+    second = {p.name[len(f"exp_{name}-sweep-micro_"):] for p in stored.glob(f"exp_{name}-sweep-micro_*.png")}
+    assert first and first == second
+    for png in first:  # the default run's figures still show its own designs: unchanged by the second run
+        assert f"exp_{name}_{png}" in both["html"] and f"exp_{name}-sweep-micro_{png}" in both["html"]
 
 
 def test_many_designs_get_one_panel_each_with_the_reference(tmp_path):

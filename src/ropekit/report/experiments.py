@@ -267,35 +267,38 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
         agg = json.loads(f.read_text())
         name = agg["experiment"]
         figs = get(name).figures
-        parts.append(f"<h3>{html.escape(name)}</h3><p class='note'>preset <code>{agg['preset']}</code>, "
+        # two aggregates of one experiment (e.g. a default run and a sweep) must not share figure files
+        tag = f.parent.name if f.name == "aggregate.json" else f.stem.removeprefix("experiments-")
+        run = name if tag in (name, f"{name}-{agg['preset']}") else tag
+        parts.append(f"<h3>{html.escape(run)}</h3><p class='note'>preset <code>{agg['preset']}</code>, "
                      f"{agg['seeds']} seed(s), run {agg['date']}, ropekit {agg['versions']['ropekit']}, torch "
                      f"{agg['versions']['torch']}. Hyper-parameters {html.escape(agg['hyperparameters'])}: "
                      f"<code>{html.escape(json.dumps(agg['config']['model']))}</code>, "
                      f"<code>{html.escape(json.dumps(agg['config']['train']))}</code>.</p>")
         if figs.get("heatmap"):
-            png = f"exp_{name}_{figs['heatmap']}.png"
+            png = f"exp_{run}_{figs['heatmap']}.png"
             cap = plot_heatmaps(agg, figs["heatmap"], out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("polar"):
-            png = f"exp_{name}_{figs['polar']}_polar.png"
+            png = f"exp_{run}_{figs['polar']}_polar.png"
             cap = plot_polar(agg, figs["polar"], out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("bars"):
-            png = f"exp_{name}_bars.png"
+            png = f"exp_{run}_bars.png"
             cap = plot_bars(agg, figs["bars"], out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         for key, label in figs.get("curves", {}).items():
-            png = f"exp_{name}_{key}.png"
+            png = f"exp_{run}_{key}.png"
             cap = plot_curve(agg, key, label, out / png)
             parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("lambda"):
-            png = f"exp_{name}_lambda.png"
+            png = f"exp_{run}_lambda.png"
             cap = plot_lambda_sweep(agg, figs["lambda"], out / png)
             if cap is not None:
                 parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         parts.append(_costs(agg))
         parts.append(_verdicts(agg))
-        metrics[name] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"],
+        metrics[run] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"],
                          "cost_cpu_ratio": {d: c["cpu_ratio"] for d, c in agg.get("cost", {}).get("designs", {}).items()}}
     return {"title": "Experiments: trained small models against the papers' claims", "html": "\n".join(parts),
             "metrics": metrics}
