@@ -144,7 +144,10 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
     if has_grids and mm_token_type_ids is None and input_ids is None:
         _grids_without_types()
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
-    if has_grids or not st.from_stash(state, types, mask, mask_4d):
+    placed = not has_grids and (
+        st.from_stash(state, types, mask, mask_4d) or st.continue_generated(state, types, mask, device)
+    )
+    if not placed:
         st.prefill(state, types, grids, mask, device)
         if has_grids and input_ids is not None and mm_token_type_ids is not None:
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
@@ -207,6 +210,7 @@ def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor,
     mask = model_kwargs.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
+    state.prompt.generated = True  # later uncached forwards of generate come without grids
     hook.owner.model.rope_deltas = st.rope_deltas(state)
     if given is None:  # generate extends these with zeros, so what it generates is declared text
         types = state.prompt.types
