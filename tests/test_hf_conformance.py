@@ -190,6 +190,31 @@ def test_generate_matches_stock_and_sets_rope_deltas(pair):
     assert torch.equal(patched.model.rope_deltas, stock.model.rope_deltas)  # text only: zeros (B, 1)
 
 
+def _generate_logits(model, inputs, **kw):
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, **kw)
+    return out.logits
+
+
+def test_uncached_generate_matches_stock_and_the_cached_design(pair):
+    """generate(use_cache=False) re-reads the whole sequence at every step but passes the grids only once."""
+    stock, patched = pair
+    inputs = image_batch()
+    want, got = (_generate_logits(m, inputs, use_cache=False) for m in (stock, patched))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    circle = patch_model(copy.deepcopy(stock), "circle")
+    cached = _generate_logits(circle, inputs)
+    for w, g in zip(cached, _generate_logits(circle, inputs, use_cache=False)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="image/video tokens"):  # a new image with no grids to place it by
+        with torch.no_grad():
+            circle(input_ids=torch.cat([inputs["input_ids"], torch.full((2, 1), IMG)], 1),
+                   mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], torch.ones(2, 1, dtype=torch.long)], 1),
+                   attention_mask=torch.cat([inputs["attention_mask"], torch.ones(2, 1, dtype=torch.long)], 1))
+
+
 def _decode_steps(model, inputs, forward, steps=3):
     """Eager prefill, then ``steps`` greedy cached steps through ``forward``; the logits of each step.
 

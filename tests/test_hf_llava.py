@@ -331,6 +331,34 @@ def test_errors(clip):
         clip(**inputs)
 
 
+def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refused(clip):
+    """Patching only ``model.model`` left ``model.generate`` stock: it passed plain text position ids, which
+    the patched bare model honoured, so the design was silently not applied (the stock logits came back)."""
+    inputs, layouts = make_batch(clip)
+    kw = dict(max_new_tokens=2, do_sample=False)
+    with torch.no_grad():
+        stock = clip.generate(**inputs, **kw)
+        patch_model(clip.model, "circle")
+        try:
+            with pytest.raises(ValueError, match=r"patch_model\(model\), not patch_model\(model.model\)"):
+                clip.generate(**inputs, **kw)
+            text = _stock_positions(inputs["attention_mask"])
+            with pytest.raises(ValueError, match="plain text position_ids together with images"):
+                clip.model(**inputs, position_ids=text)
+            clip.model(**inputs)  # no position ids: the design places the tokens
+            expected = reference_positions(inputs, layouts, "circle")
+            keep = inputs["attention_mask"].bool()
+            for p in last_positions(clip).values():
+                assert torch.equal(p[:, keep], expected[:, keep])
+            clip.model(**inputs, position_ids=text + 5)  # other explicit positions are honoured as given
+            for p in last_positions(clip).values():
+                assert torch.equal(p[:, keep], (text + 5)[keep].float().expand(p.shape[0], -1))
+            patch_model(clip.model, "vanilla")  # the stock positions are the design's: nothing to refuse
+            assert torch.equal(clip.generate(**inputs, **kw), stock)
+        finally:
+            unpatch_model(clip.model)
+
+
 # --------------------------------------------------------------------------------------------------
 # the model config's rope scaling
 

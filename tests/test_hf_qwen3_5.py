@@ -105,6 +105,23 @@ def test_positions_and_cached_generation(qwen35, design):
         torch.testing.assert_close(step, logits[:, Lp - 1 + k], rtol=1e-5, atol=1e-5)
 
 
+def test_uncached_generate_matches_cached(qwen35):
+    """generate(use_cache=False) passes the grids at the first step only; the later steps keep the images."""
+    inputs, _ = _inputs()
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = qwen35.generate(**inputs, use_cache=False, **kw).logits
+        patch_model(qwen35, "mrope", continuation="spatial")  # transformers 5.x M-RoPE
+        out = qwen35.generate(**inputs, use_cache=False, **kw).logits
+        patch_model(qwen35, "circle")
+        cached = qwen35.generate(**inputs, **kw).logits
+        uncached = qwen35.generate(**inputs, use_cache=False, **kw).logits
+    for w, g in zip(ref, out):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    for w, g in zip(cached, uncached):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_age_training_and_checkpointing(qwen35):
     inputs, _ = _inputs()
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)

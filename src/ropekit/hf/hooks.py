@@ -144,7 +144,10 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
     if has_grids and mm_token_type_ids is None and input_ids is None:
         _grids_without_types()
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
-    if has_grids or not st.from_stash(state, types, mask, mask_4d):
+    placed = not has_grids and (
+        st.from_stash(state, types, mask, mask_4d) or st.continue_generated(state, types, mask, device)
+    )
+    if not placed:
         st.prefill(state, types, grids, mask, device)
         if has_grids and input_ids is not None and mm_token_type_ids is not None:
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
@@ -154,26 +157,68 @@ def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
     """1-D families (LLaVA): place the tokens from the forward's own arguments, then run the stock forward.
 
     The family's adapter reads the image tokens' grids off its vision config; explicit ``position_ids``
-    are honoured as given (no placement this forward).
+    are honoured as given (no placement this forward), except plain text positions with images under a
+    design that is not ``vanilla`` (:func:`_refuse_text_positions`).
     """
     given = inspect.signature(type(hook.owner).forward).bind_partial(hook.owner, *args, **kwargs).arguments
     given.update(given.pop("kwargs", {}))
     state = hook.state
     if given.get("position_ids") is not None:
         state.pending = None
+        _refuse_text_positions(hook, given)
         return hook.call_previous(*args, **kwargs)
+    ref, types, grids, videos = _lm_vision_inputs(hook, given)
+    # with the token types given, only the shape and device of `inputs_embeds` are read
+    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, video_grid_thw=videos,
+                            attention_mask=given.get("attention_mask"),
+                            past_key_values=given.get("past_key_values"), mm_token_type_ids=types)
+    return hook.call_previous(*args, **kwargs)
+
+
+def _lm_vision_inputs(hook: Hook, given: dict) -> tuple:
+    """(the ids or embeddings, token types, image grids, video grids) of a 1-D family's forward."""
+    state = hook.state
     input_ids, embeds = given.get("input_ids"), given.get("inputs_embeds")
     ref = embeds if embeds is not None else input_ids
     if input_ids is not None:
         types = st.token_types(state, input_ids, None, *ref.shape[:2], ref.device)
     else:
         types = _types_from_embeddings(hook, embeds)
-    types, grids, videos = state.adapter.vision_inputs(hook.owner, types, given)
-    # with the token types given, only the shape and device of `inputs_embeds` are read
-    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, video_grid_thw=videos,
-                            attention_mask=given.get("attention_mask"),
-                            past_key_values=given.get("past_key_values"), mm_token_type_ids=types)
-    return hook.call_previous(*args, **kwargs)
+    return (ref, *state.adapter.vision_inputs(hook.owner, types, given))
+
+
+def _refuse_text_positions(hook: Hook, given: dict) -> None:
+    """Refuse plain text ``position_ids`` (each token's count of unmasked tokens before it) on an uncached
+    forward with images under a design other than ``vanilla``: honouring them would silently give the stock
+    model. They are what the unpatched ``generate`` of a ``...ForConditionalGeneration`` hands its bare
+    model when only ``model.model`` was patched; other explicit positions are still honoured."""
+    state = hook.state
+    if all(geo.design == "vanilla" for geo in state.geometries.values()):
+        return
+    if _cache_length(given.get("past_key_values"))[0]:
+        return
+    pos = given["position_ids"]
+    pos = pos[None] if pos.ndim == 1 else pos
+    if pos.ndim != 2:
+        return
+    ref, types, _, _ = _lm_vision_inputs(hook, given)
+    batch, length = ref.shape[:2]
+    if pos.shape[-1] != length or not bool(types.any()):
+        return
+    mask = given.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == (batch, length):
+        keep = mask != 0
+        text = (keep.long().cumsum(-1) - 1).clamp(min=0)
+    else:
+        keep = torch.ones(batch, length, dtype=torch.bool, device=pos.device)
+        text = torch.arange(length, device=pos.device).expand(batch, length)
+    if bool((pos.expand(batch, length) == text.to(pos.device))[keep.to(pos.device)].all()):
+        raise ValueError(
+            f"patched model: {type(hook.owner).__name__} got plain text position_ids together with images, which "
+            f"would place the images as stock does instead of by the design. An unpatched generate passes these "
+            f"when only the bare model was patched: patch the generation model itself, patch_model(model), not "
+            f"patch_model(model.model); when calling the model directly, pass position_ids=None"
+        )
 
 
 def no_generation_position_ids(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
@@ -207,6 +252,7 @@ def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor,
     mask = model_kwargs.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
+    state.prompt.generated = True  # later uncached forwards of generate come without grids
     hook.owner.model.rope_deltas = st.rope_deltas(state)
     if given is None:  # generate extends these with zeros, so what it generates is declared text
         types = state.prompt.types

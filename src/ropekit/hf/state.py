@@ -44,6 +44,7 @@ class _Prompt:
     table: dict[str, torch.Tensor]  # per geometry (A, B, M) on the model's device: the next M text tokens
     dense: bool = False  # no padding in the prompt: every row's text continues at the same table column
     cos_sin: dict = field(default_factory=dict)  # per geometry (table, cos, sin) of the table (hooks build it)
+    generated: bool = False  # placed by ``generate``, which drops the grids after the first forward
 
 
 @dataclass
@@ -208,6 +209,40 @@ def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor],
         return False
     state.prompt = s_prompt
     state.pending = {n: p.repeat_interleave(k, dim=1) for n, p in s_pos.items()} if k > 1 else s_pos
+    return True
+
+
+def continue_generated(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], device) -> bool:
+    """Place an uncached forward of ``generate(use_cache=False)`` that continues its prompt.
+
+    ``generate`` hands the grids over at the first forward only, so every later forward re-reads the whole
+    sequence without them. When the prompt came from ``generate`` with grids and this forward's token types
+    (``types``, CPU) and 2-D ``mask`` (CPU or None) start with it, the prompt is placed with its own grids
+    followed by the new text tokens, which is what a cached step reads off the continuation table. Returns
+    whether it did; new image/video tokens or padding after such a prompt are refused (no grids to place
+    them with).
+    """
+    prompt = state.prompt
+    if prompt is None or not prompt.generated or (prompt.grids[0] is None and prompt.grids[1] is None):
+        return False
+    base, size = prompt.types.shape
+    batch, length = types.shape
+    if batch % base or length <= size:
+        return False
+    k = batch // base
+    p_types, p_mask = prompt.types.repeat_interleave(k, 0), prompt.mask
+    p_mask = torch.ones_like(p_types) if p_mask is None else p_mask.repeat_interleave(k, 0)
+    head = types[:, :size].masked_fill(p_mask == 0, 0)  # hidden tokens were placed as skipped text
+    if not torch.equal(head, p_types) or (mask is not None and not torch.equal(mask[:, :size], p_mask)):
+        return False
+    if bool(types[:, size:].any()) or (mask is not None and not bool(mask[:, size:].all())):
+        raise ValueError(
+            "patched model: an uncached forward continues the prompt generate placed, but its new tokens hold "
+            "image/video tokens (mm_token_type_ids or the image/video token id) or padding, and generate no "
+            "longer passes the grids; pass image_grid_thw/video_grid_thw for the whole sequence"
+        )
+    placed = _place(state, prompt, length - size)
+    state.pending = {n: (p.repeat_interleave(k, dim=1) if k > 1 else p).to(device) for n, p in placed.items()}
     return True
 
 
