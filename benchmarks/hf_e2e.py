@@ -149,14 +149,19 @@ def _rows(times: dict, kind: str, shape: str, info: dict, log) -> list[dict]:
     return out
 
 
-def stages(shape: str, repeat: int, log=print) -> list[dict]:
-    """Only what the patch replaces: positions (``compute_3d_position_ids``) and cos/sin (``rotary_emb``)."""
+def _model_and_prompt(shape: str):
+    """A random Qwen2-VL-shaped model of ``shape`` and its image prompt: ``(model, inputs, layers, hidden)``."""
     layers, hidden, heads, kv, inter, tokens, side = SHAPES[shape]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build(layers, hidden, heads, kv, inter)
+    return model, prompt(tokens, side), layers, hidden
+
+
+def stages(shape: str, repeat: int, log=print) -> list[dict]:
+    """Only what the patch replaces: positions (``compute_3d_position_ids``) and cos/sin (``rotary_emb``)."""
+    model, inputs, layers, hidden = _model_and_prompt(shape)
     inner, text = model.model, model.model.language_model
-    inputs = prompt(tokens, side)
     L = inputs["input_ids"].shape[1]
     emb = inner.get_input_embeddings()(inputs["input_ids"]).detach()
     step_ids = torch.tensor([[1234]])
@@ -177,11 +182,7 @@ def stages(shape: str, repeat: int, log=print) -> list[dict]:
 
 def forward(shape: str, repeat: int, log=print) -> list[dict]:
     """The whole model: prefill (vision tower included) and one cached decode step."""
-    layers, hidden, heads, kv, inter, tokens, side = SHAPES[shape]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = build(layers, hidden, heads, kv, inter)
-    inputs = prompt(tokens, side)
+    model, inputs, layers, hidden = _model_and_prompt(shape)
     L = inputs["input_ids"].shape[1]
     step = dict(input_ids=torch.tensor([[1234]]))  # no mask: stock transformers then places it at past + delta
     phases = {"prefill": lambda _: model(**inputs, use_cache=True, logits_to_keep=1).past_key_values,
@@ -206,11 +207,7 @@ def decode_only(shape: str, repeat: int, log=print, steps: int = 5) -> list[dict
     its prefill) so the step reads that state's positions, and the cache is cut back by the step's token
     after each step.
     """
-    layers, hidden, heads, kv, inter, tokens, side = SHAPES[shape]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = build(layers, hidden, heads, kv, inter)
-    inputs = prompt(tokens, side)
+    model, inputs, layers, hidden = _model_and_prompt(shape)
     L = inputs["input_ids"].shape[1]
     inner = model.model
     emb = inner.get_input_embeddings()(inputs["input_ids"]).detach()
