@@ -9,25 +9,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 import torch
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import Qwen2VLForConditionalGeneration
 
 from ropekit.hf import is_patched, patch_model, unpatch_model
 
-IMG, VID = 70, 71
+from test_hf import IMG, _qwen2_cfg  # the tiny Qwen2-VL config the HF tests share
 
 
 @pytest.fixture(scope="module")
 def qwen2():
-    cfg = Qwen2VLConfig(
-        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
-                         vocab_size=80, num_hidden_layers=2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
-                           patch_size=2, temporal_patch_size=2),
-        image_token_id=IMG, video_token_id=VID,
-    )
     torch.manual_seed(0)
-    return Qwen2VLForConditionalGeneration(cfg).eval()
+    return Qwen2VLForConditionalGeneration(_qwen2_cfg(2)).eval()
 
 
 @pytest.fixture(autouse=True)

@@ -629,16 +629,10 @@ def test_hope_index_draws_one_scale_per_sample_like_positions_would():
 
 
 def test_patch_model_refuses_a_per_head_allocation_clearly():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from test_hf import _qwen2_cfg
+    from transformers import Qwen2VLForConditionalGeneration
 
-    cfg = Qwen2VLConfig(
-        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
-                         vocab_size=80, num_hidden_layers=1,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
-                           patch_size=2, temporal_patch_size=2),
-    )
-    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    model = Qwen2VLForConditionalGeneration(_qwen2_cfg(1)).eval()
     with pytest.raises(ValueError, match="per-head allocation 'mhrope'"):
         ropekit.patch_model(model, "mhrope")
     ropekit.patch_model(model, "mhrope", allocation="mrope-interleave")  # its positions with a shared allocation
