@@ -287,3 +287,26 @@ def test_docs_vision_example_runs():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/hf.md", "exec"), namespace)
+
+
+def test_geope_thirds_layout_is_the_interleaved_layout_on_permuted_projection_rows():
+    """channels="thirds" is the same model as the default layout once each head's q/k projection rows are
+    reordered so that triple i moves from channels (3i, 3i+1, 3i+2) to (i, n+i, 2n+i)."""
+    torch.manual_seed(0)
+    model, x = _dinov3(), dict(pixel_values=torch.randn(2, 3, 16, 16))
+    twin = copy.deepcopy(model)
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    n = head_dim // 3
+    perm = torch.cat((torch.arange(3 * n).view(n, 3).t().reshape(-1), torch.arange(3 * n, head_dim)))
+    rows = torch.cat([h * head_dim + perm for h in range(model.config.num_attention_heads)])
+    with torch.no_grad():
+        for layer in twin.model.layer:
+            for proj in (layer.attention.q_proj, layer.attention.k_proj):
+                proj.weight.copy_(proj.weight[rows])
+                if proj.bias is not None:
+                    proj.bias.copy_(proj.bias[rows])
+    patch_vision_model(model, "geope")
+    patch_vision_model(twin, "geope", channels="thirds")
+    torch.testing.assert_close(_out(twin, x), _out(model, x), atol=1e-5, rtol=1e-5)
+    patch_vision_model(twin, "geope")  # and the layouts do differ on the same weights
+    assert not torch.allclose(_out(twin, x), _out(model, x), atol=1e-3)

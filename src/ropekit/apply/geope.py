@@ -1,7 +1,8 @@
 """Stage 4 — apply GeoPE rotations to q and k (GeoPE eq. 2, as Rodrigues' formula on triples).
 
 ``x`` is ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``). Triple i is channels
-``3i, 3i+1, 3i+2``; channels beyond ``3n`` pass through unchanged. Each triple ``v`` becomes
+``3i, 3i+1, 3i+2`` (``channels="interleaved"``, the paper's layout and the default) or ``i, n+i, 2n+i``
+(``channels="thirds"``); channels beyond ``3n`` pass through unchanged. Each triple ``v`` becomes
 ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — the sandwich product ``r v r*`` without building
 quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); output has the input's dtype.
 
@@ -18,6 +19,13 @@ Two paths give the same rotation (equal to float32 rounding):
   across triple (and, merged, token) boundaries with zero weights, and ``0 · inf`` is NaN, so a block
   whose result is not finite is recomputed triple by triple: a NaN/inf input channel only ever affects
   its own triple of its own token, on every path.
+
+With ``channels="thirds"`` each component of every triple is a contiguous run of ``n`` channels, so both
+the compiled and the eager path are three output slices of three multiply-adds each over contiguous
+slices, with the rotation's component-major weight ``planes``; nothing crosses a triple, so no block
+needs confining. This layout is the same rotation on permuted channels (``q·k`` is unchanged when q and k
+share it) and is what to pick for speed under ``torch.compile``, where the interleaved layout's stride-3
+loop stays scalar.
 """
 from __future__ import annotations
 
@@ -25,8 +33,8 @@ import torch
 
 from ..designs.registry import positions
 from ..layout import Layout
-from ..rotations.geope import (CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation,
-                               triple_weights)
+from ..rotations.geope import (CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, check_channels,
+                               geope_frequencies, geope_rotation, triple_weights)
 from ._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ._parallel import run_blocks
 
@@ -104,14 +112,27 @@ def _work_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _rotate_functional(x: torch.Tensor, rotation: GeoPERotation, n: int, seq_dim: int) -> torch.Tensor:
+def _triples_view(x: torch.Tensor, n: int, channels: str) -> torch.Tensor:
+    """The rotated channels ``x[..., :3n]`` as triples ``(..., n, 3)`` (a view) in either channel layout."""
+    if channels == "thirds":
+        return x[..., : 3 * n].unflatten(-1, (3, n)).transpose(-1, -2)
+    return x[..., : 3 * n].unflatten(-1, (n, 3))
+
+
+def _channels_from_triples(t: torch.Tensor, channels: str) -> torch.Tensor:
+    """Inverse of :func:`_triples_view`: triples ``(..., n, 3)`` back to ``(..., 3n)`` channels."""
+    return (t.transpose(-1, -2) if channels == "thirds" else t).flatten(-2)
+
+
+def _rotate_functional(x: torch.Tensor, rotation: GeoPERotation, n: int, seq_dim: int,
+                       channels: str = "interleaved") -> torch.Tensor:
     """Out-of-place Rodrigues rotation, differentiable and traceable (no in-place writes)."""
     dtype = x.dtype
     work = _work_dtype(x)
     vec = _broadcast(rotation.vector.to(work), 1, seq_dim, x.ndim)
     cos, sinc, versc = (_broadcast(t.to(work), 0, seq_dim, x.ndim) for t in (rotation.cos, rotation.sinc, rotation.versc))
-    v = x[..., : 3 * n].to(work).unflatten(-1, (n, 3))
-    out = rotate_triples(v, vec, cos, sinc, versc).flatten(-2).to(dtype)
+    v = _triples_view(x.to(work), n, channels)
+    out = _channels_from_triples(rotate_triples(v, vec, cos, sinc, versc), channels).to(dtype)
     if 3 * n == x.shape[-1]:
         return out
     return torch.cat((out, x[..., 3 * n :]), dim=-1)
@@ -131,8 +152,18 @@ def _triple_weights(rotation: GeoPERotation, work: torch.dtype, device: torch.de
     """The rotation's packed per-triple weights ``(..., L, n, 9)`` in the working dtype, on ``device``."""
     t = rotation.triples
     if t is None or t.dtype != work:
+        if rotation.planes is not None and rotation.planes.dtype == work:
+            return rotation.planes.to(device).movedim(0, -1).contiguous()
         t = triple_weights(_coefficients(rotation, work, device))
     return t.to(device=device, dtype=work).contiguous()
+
+
+def _weight_planes(rotation: GeoPERotation, work: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The rotation's component-major weights ``(9, ..., L, n)`` in the working dtype, on ``device``."""
+    p = rotation.planes
+    if p is None or p.dtype != work:
+        p = _triple_weights(rotation, work, device).movedim(-1, 0)
+    return p.to(device=device, dtype=work).contiguous()
 
 
 def _rotate_in_triples(xt: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -146,11 +177,30 @@ def _rotate_in_triples(xt: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     float32 triple. Terms are summed in the blocked eager path's order (own component, then the nearer,
     then the farther).
     """
-    v0, v1, v2 = xt.unbind(-1)
-    w = weights.unbind(-1)
-    return torch.stack((w[0] * v0 + w[1] * v1 + w[2] * v2,
-                        w[3] * v1 + w[4] * v2 + w[5] * v0,
-                        w[6] * v2 + w[7] * v1 + w[8] * v0), dim=-1)
+    return torch.stack(_rotated_components(xt.unbind(-1), weights.unbind(-1)), dim=-1)
+
+
+def _rotated_components(v, w):
+    """The three rotated components of triples ``v = (v0, v1, v2)`` with the nine weights ``w`` (in
+    :func:`ropekit.rotations.geope.triple_weights`' order), as a tuple of three tensors."""
+    v0, v1, v2 = v
+    return (w[0] * v0 + w[1] * v1 + w[2] * v2,
+            w[3] * v1 + w[4] * v2 + w[5] * v0,
+            w[6] * v2 + w[7] * v1 + w[8] * v0)
+
+
+def _rotate_thirds_functional(x: torch.Tensor, planes: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
+    """Out-of-place ``channels="thirds"`` form for tracing: each output third combines the three input
+    thirds (contiguous slices) with three of the rotation's weight planes ``(9, ..., L, n)``, which a
+    compiler fuses into vectorised loops. Differentiable in ``x`` (not in the rotation)."""
+    work = _work_dtype(x)
+    R = 3 * n
+    xf = x.to(work)
+    w = [_broadcast(p, 0, seq_dim, x.ndim) for p in planes.unbind(0)]
+    out = torch.cat(_rotated_components(xf[..., :R].split(n, dim=-1), w), dim=-1).to(x.dtype)
+    if R == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., R:]), dim=-1)
 
 
 def _rotate_coeff_functional(x: torch.Tensor, weights: torch.Tensor, n: int, seq_dim: int) -> torch.Tensor:
@@ -225,7 +275,42 @@ def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: in
     return out
 
 
-def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) -> torch.Tensor:
+# (input component, weight index) of the three terms of each output component, as in _rotated_components
+_THIRDS_TERMS = (((0, 0), (1, 1), (2, 2)), ((1, 3), (2, 4), (0, 5)), ((2, 6), (1, 7), (0, 8)))
+
+
+def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
+    """Blocked eager ``channels="thirds"`` rotation of validated, gradient-free ``x`` with the nine
+    broadcast-ready weight planes: per block, three multiply-adds into each output third, written
+    straight into the output (float32 maths; bfloat16/float16 through one float32 block buffer)."""
+    work = _work_dtype(x)
+    R = 3 * n
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if R < x.shape[-1]:
+        out[..., R:] = x[..., R:]
+    ldim = x.ndim - 2 if seq_dim == -2 else 1
+    L = x.shape[ldim]
+    step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
+
+    def block(i: int, m: int) -> None:
+        xf = x.narrow(ldim, i, m)[..., :R].to(work)
+        ob = out.narrow(ldim, i, m)[..., :R]
+        tmp = ob if ob.dtype == work else torch.empty(xf.shape, dtype=work, device=x.device)
+        v = xf.split(n, dim=-1)
+        w = [p.narrow(ldim - (x.ndim - p.ndim), i, m) for p in planes]
+        for c, o in enumerate(tmp.split(n, dim=-1)):
+            (a, wa), (b, wb), (d, wd) = _THIRDS_TERMS[c]
+            torch.mul(v[a], w[wa], out=o)
+            o.addcmul_(v[b], w[wb]).addcmul_(v[d], w[wd])
+        if tmp is not ob:
+            ob.copy_(tmp)
+
+    run_blocks([lambda i=i: block(i, min(step, L - i)) for i in range(0, L, step)])
+    return out
+
+
+def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
+                channels: str = "interleaved") -> torch.Tensor:
     """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
 
     ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
@@ -233,12 +318,27 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
     blocked eager path runs (see the module docstring); with gradients or when the rotation's batch
     broadcasts ``x`` to a larger shape, the functional one; under ``torch.compile`` the per-channel form
     written for tracing (or the functional one when the rotation itself needs a gradient).
+
+    ``channels``: ``"interleaved"`` (triple i = channels 3i, 3i+1, 3i+2; the paper's layout) or
+    ``"thirds"`` (triple i = channels i, n+i, 2n+i; faster under ``torch.compile``). Use one layout for q
+    and k; a rotation built with :func:`ropekit.rotations.geope.geope_rotation` ``(channels=...)`` of the same
+    layout carries the weights that layout reads.
     """
+    check_channels(channels)
     n, seq_dim = _validate(x, rotation, seq_dim)
     fields = (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)
     rotation_grad = torch.is_grad_enabled() and any(t.requires_grad for t in fields)
     if rotation_grad or (torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling()):
-        return _rotate_functional(x, rotation, n, seq_dim)
+        return _rotate_functional(x, rotation, n, seq_dim, channels)
+    if channels == "thirds":
+        planes = _weight_planes(rotation, _work_dtype(x), x.device)
+        if torch.compiler.is_compiling() or x.device.type != "cpu":
+            return _rotate_thirds_functional(x, planes, n, seq_dim)
+        w = [_broadcast(p, 0, seq_dim, x.ndim) for p in planes.unbind(0)]
+        rows = x.shape[:-1] + (n,)
+        if torch.broadcast_shapes(rows, w[0].shape) != rows:
+            return _rotate_functional(x, rotation, n, seq_dim, channels)
+        return _rotate_thirds_eager(x, w, n, seq_dim)
     if torch.compiler.is_compiling() or x.device.type != "cpu":
         # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
         return _rotate_coeff_functional(x, _triple_weights(rotation, _work_dtype(x), x.device), n, seq_dim)
@@ -250,10 +350,11 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2) 
 
 
 def apply_geope_qk(
-    q: torch.Tensor, k: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2
+    q: torch.Tensor, k: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2, channels: str = "interleaved"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys with the same GeoPE rotation."""
-    return apply_geope(q, rotation, seq_dim=seq_dim), apply_geope(k, rotation, seq_dim=seq_dim)
+    """Rotate queries and keys with the same GeoPE rotation (and the same ``channels`` layout)."""
+    return (apply_geope(q, rotation, seq_dim=seq_dim, channels=channels),
+            apply_geope(k, rotation, seq_dim=seq_dim, channels=channels))
 
 
 class GeoPE:
@@ -261,12 +362,13 @@ class GeoPE:
 
     ``coords`` is a tensor ``(L, A)``/``(B, L, A)`` with A = 1, 2 (h, w) or 3 (d, h, w), or a Layout /
     layout string placed by ``design`` (default ``"rope2d"``: (row, col) of each grid, text on the
-    diagonal; ``"compact"`` gives (t, h, w) for videos). Not exactly relative (GeoPE §3.4); see
+    diagonal; ``"compact"`` gives (t, h, w) for videos). ``channels`` is the triple layout of
+    :func:`apply_geope` (``"interleaved"``, the paper's, or ``"thirds"``, faster compiled). Not exactly relative (GeoPE §3.4); see
     :func:`ropekit.linear_geope_attention` for the variant that is.
     """
 
     def __init__(self, head_dim: int, *, lam: float = 100.0, freq_style: str = "decreasing",
-                 design: str = "rope2d", design_options: dict | None = None) -> None:
+                 design: str = "rope2d", design_options: dict | None = None, channels: str = "interleaved") -> None:
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 3:
             raise ValueError(f"GeoPE: `head_dim` must be an int >= 3 (one channel triple), got {head_dim!r}")
         geope_frequencies(head_dim, lam, freq_style)  # checks lam and freq_style now, not at the first forward
@@ -274,12 +376,13 @@ class GeoPE:
         if not isinstance(options, dict):
             raise TypeError(f"`design_options` must be a dict of the design's options, got {type(options).__name__}")
         positions("T1", design, **options)  # checks the design and its options
+        self.channels = check_channels(channels)
         self.head_dim, self.lam, self.freq_style = head_dim, lam, freq_style
         self.design, self.design_options = design, options
 
     def __repr__(self) -> str:
         return (f"GeoPE(head_dim={self.head_dim}, triples={self.head_dim // 3}, lam={self.lam!r}, "
-                f"freq_style={self.freq_style!r}, design={self.design!r})")
+                f"freq_style={self.freq_style!r}, design={self.design!r}, channels={self.channels!r})")
 
     def coords(self, layout: "Layout | str") -> torch.Tensor:
         """Token coordinates ``(L, A)`` of the layout under this rotary's design."""
@@ -287,11 +390,11 @@ class GeoPE:
 
     def rotation(self, coords: torch.Tensor) -> GeoPERotation:
         """Per-token, per-triple rotations for coordinates ``(..., L, A)``; compute once per forward."""
-        return geope_rotation(coords, self.head_dim, lam=self.lam, freq_style=self.freq_style)
+        return geope_rotation(coords, self.head_dim, lam=self.lam, freq_style=self.freq_style, channels=self.channels)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, coords: "torch.Tensor | Layout | str", *, seq_dim: int = -2):
         """Rotate q and k (last dim ``head_dim``; ``seq_dim`` as in :meth:`ropekit.RoPE.rotate`) at ``coords``."""
         check_qk(q, k, self.head_dim)
         seq_dim = canonical_seq_dim(seq_dim, q.ndim)
         coords = match_coords_batch(resolve_coords(coords, self.design, self.design_options, q.device), q)
-        return apply_geope_qk(q, k, self.rotation(coords), seq_dim=seq_dim)
+        return apply_geope_qk(q, k, self.rotation(coords), seq_dim=seq_dim, channels=self.channels)

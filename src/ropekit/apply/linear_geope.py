@@ -31,7 +31,7 @@ import warnings
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..rotations.geope import geope_frequencies, lie_embedding
+from ..rotations.geope import check_channels, geope_frequencies, lie_embedding
 from ._linear_geope_fused import fused_rotated_scores
 from ._inputs import canonical_seq_dim
 
@@ -62,6 +62,7 @@ def linear_geope_scores(
     *,
     triple_chunk: int = 32,
     fused: bool | None = None,
+    channels: str = "interleaved",
 ) -> torch.Tensor:
     """Unscaled Linear GeoPE scores ``⟨q_m, R(φ(n) − φ(m)) k_n⟩`` of every pair, ``(B, H, Lq, Lk)``.
 
@@ -78,7 +79,10 @@ def linear_geope_scores(
     pass over the triples, nothing of size pair × triple stored; the first call per process compiles it,
     which takes seconds), False the eager chunked path above, None (default) the compiled kernel for
     calls of at least ``2**21`` (pair, triple) products when ``torch.compile`` works here, else eager.
+    ``channels``: which channels form triple i, ``"interleaved"`` (3i, 3i+1, 3i+2) or ``"thirds"``
+    (i, n+i, 2n+i), as in :func:`ropekit.apply_geope`.
     """
+    check_channels(channels)
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"`fused` must be True, False or None (automatic), got {fused!r}")
     if isinstance(triple_chunk, bool) or not isinstance(triple_chunk, int) or triple_chunk < 1:
@@ -98,7 +102,7 @@ def linear_geope_scores(
         return scores
     if _use_fused(fused, q.device, B * H * Lq * Lk * n):
         try:
-            return scores + _fused_part(qw, kw, pq, pk, freqs.to(work))
+            return scores + _fused_part(qw, kw, pq, pk, freqs.to(work), channels)
         except Exception as err:  # noqa: BLE001 - no compiler here: fall back to the eager path, once
             if fused:
                 raise
@@ -110,8 +114,8 @@ def linear_geope_scores(
     ek = lie_embedding(pk).transpose(-1, -2)[:, None, None]  # (Pb, 1, 1, 3, Lk)
     # per triple (f = sin A, ½ vers A) take ω and ω/2: sin(ω r) and sin(ω r / 2)² = ½ (1 − cos ω r)
     w2 = torch.stack((freqs.to(work), 0.5 * freqs.to(work)), dim=-1)[..., None]  # (n, 2, 1)
-    qT = qw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2).contiguous()  # (B, H, Lq, 3, n)
-    kT = kw[..., : 3 * n].unflatten(-1, (n, 3)).permute(0, 1, 3, 4, 2)  # (B, H, n, 3, Lk)
+    qT = _channel_major(qw, n, channels).contiguous()  # (B, H, Lq, 3, n)
+    kT = _channel_major(kw, n, channels).permute(0, 1, 4, 3, 2)  # (B, H, n, 3, Lk)
     # without autograd the large per-chunk temporaries are written into reused buffers (no fresh pages)
     scratch = None if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else {}
     # keys in chunks so the (pair, triple) temporaries stay near cache size; under autograd larger ones,
@@ -134,11 +138,19 @@ def _use_fused(fused: bool | None, device: torch.device, work: int) -> bool:
     return work >= _FUSED_MIN_WORK and device.type not in _FUSED_FAILED and not torch.compiler.is_compiling()
 
 
-def _fused_part(qw, kw, pq, pk, w):
+def _channel_major(x: torch.Tensor, n: int, channels: str) -> torch.Tensor:
+    """The triples of ``x (..., L, D)`` channel-major, ``(..., L, 3, n)`` (a view): component c of triple i at
+    ``[c, i]``. With ``channels="thirds"`` that is the channels as they lie."""
+    if channels == "thirds":
+        return x[..., : 3 * n].unflatten(-1, (3, n))
+    return x[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2)
+
+
+def _fused_part(qw, kw, pq, pk, w, channels="interleaved"):
     """The rotated part of every pair's score by the compiled kernel (triples channel-major)."""
     n = w.numel()
-    qT = qw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2)  # (B, H, Lq, 3, n)
-    kT = kw[..., : 3 * n].unflatten(-1, (n, 3)).transpose(-1, -2)
+    qT = _channel_major(qw, n, channels)  # (B, H, Lq, 3, n)
+    kT = _channel_major(kw, n, channels)
     planar = pq.shape[-1] < 3  # 1-D/2-D embeddings (0, ·, ·): the kernel drops the zero component
     return fused_rotated_scores(qT, kT, lie_embedding(pq)[:, None], lie_embedding(pk)[:, None], w, planar=planar)
 
@@ -235,8 +247,8 @@ def _rotated_part(qT, kT, P, w2, triple_chunk, scratch=None):
     return sin_part + 2.0 * vers_part
 
 
-def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from, fused):
-    s = linear_geope_scores(q, k, pos_q, pos_k, freqs, fused=fused) * scale
+def _block(q, k, v, pos_q, pos_k, freqs, mask, scale, causal_from, fused, channels):
+    s = linear_geope_scores(q, k, pos_q, pos_k, freqs, fused=fused, channels=channels) * scale
     if not torch.compiler.is_compiling() and not bool(torch.isfinite(s.sum())):
         raise ValueError(
             "the attention scores q·R·k · scale are not finite: q or k hold NaN/inf, or `scale` "
@@ -287,6 +299,7 @@ def linear_geope_attention(
     seq_dim: int = -2,
     use_checkpoint: bool = True,
     fused: bool | None = None,
+    channels: str = "interleaved",
 ) -> torch.Tensor:
     """``softmax(S · scale) v`` with Linear GeoPE scores S (GeoPE §3.4, eq. 7), in query blocks.
 
@@ -299,8 +312,10 @@ def linear_geope_attention(
     (Lq = 0) or zero (Lk = 0) output, as ``scaled_dot_product_attention`` does. Rows with every key masked give NaN, as in the
     reference attention. Peak extra memory is ``O(B·H·block_size·Lk·D/3)``, also in backward
     (``use_checkpoint``). Maths in float32; the output has q's dtype. ``fused`` picks the score kernel
-    (compiled / eager / automatic, see :func:`linear_geope_scores`).
+    (compiled / eager / automatic, see :func:`linear_geope_scores`); ``channels`` the triple layout
+    (``"interleaved"`` or ``"thirds"``, as in :func:`ropekit.apply_geope`).
     """
+    check_channels(channels)
     seq_dim = canonical_seq_dim(seq_dim, q.ndim if isinstance(q, torch.Tensor) else 4)
     if seq_dim == 1:
         q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
@@ -355,7 +370,7 @@ def linear_geope_attention(
     for s in range(0, Lq, block_size):
         e = min(s + block_size, Lq)
         m = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., s:e, :])
-        args = (q[:, :, s:e], k, vw, pq[:, s:e], pk, freqs, m, scale, s if is_causal else None, fused)
+        args = (q[:, :, s:e], k, vw, pq[:, s:e], pk, freqs, m, scale, s if is_causal else None, fused, channels)
         if grad and use_checkpoint:
             outs.append(checkpoint(_block, *args, use_reentrant=False))
         else:

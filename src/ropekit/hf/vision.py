@@ -10,7 +10,7 @@ Families (``family=``):
   reproduces the stock outputs), ``"axial"`` ropekit's axial allocation (``base`` defaults to the encoder's);
 - ``"directional"``: :class:`ropekit.DirectionalRoPE` (``method``, ``base``, ``seed``);
 - ``"mixed"``: RoPE-Mixed, :class:`ropekit.MixedFrequencies` per layer (``theta``, ``seed``);
-- ``"geope"``: :class:`ropekit.GeoPE` (``lam``, ``freq_style``);
+- ``"geope"``: :class:`ropekit.GeoPE` (``lam``, ``freq_style``, ``channels``);
 - ``"liere"``, ``"comrope"``, ``"grape"``: the learned :class:`ropekit.LieRE`, :class:`ropekit.ComRoPE`,
   :class:`ropekit.GRAPE`, one per layer (``shared=True``: one for all layers), other options go to the class.
 
@@ -90,7 +90,7 @@ class _GeoPE:
         return self.geope.rotation(coords)
 
     def apply(self, x: torch.Tensor, tables) -> torch.Tensor:
-        return apply_geope(x, tables, seq_dim=-2)
+        return apply_geope(x, tables, seq_dim=-2, channels=self.geope.channels)
 
 
 class _Blocks:  # LieRE, ComRoPE
@@ -164,7 +164,7 @@ def _check_family(family: Any) -> str:
 def _shared_rotator(family: str, options: dict, adapter: VisionAdapter, rotary: nn.Module, head_dim: int):
     """The rotator of a family without parameters (one for all layers)."""
     if family == "geope":
-        _take(options, ("lam", "freq_style"), family)
+        _take(options, ("lam", "freq_style", "channels"), family)
         return _GeoPE(GeoPE(head_dim, **options))
     given_base = "base" in options
     base = options.pop("base", adapter.base(rotary))

@@ -1,7 +1,8 @@
 """Stage 3 — quaternion rotation family: GeoPE (3×3 rotations of channel triples).
 
-Channels are grouped in contiguous triples (triple i = channels 3i, 3i+1, 3i+2 = the quaternion's
-i, j, k components). A token at ``(h, w)`` rotates triple i about the unit axis ``(0, θ_h, θ_w)/‖·‖`` by
+Channels are grouped in triples (the quaternion's i, j, k components): by default contiguous ones
+(triple i = channels 3i, 3i+1, 3i+2), or with ``channels="thirds"`` one component per third of the
+rotated channels (triple i = channels i, n+i, 2n+i). A token at ``(h, w)`` rotates triple i about the unit axis ``(0, θ_h, θ_w)/‖·‖`` by
 ``Θ = ½·√(θ_h² + θ_w²)`` (GeoPE eq. 4, the Lie-algebra mean of the h- and w-rotations); at ``(d, h, w)``
 about ``(θ_d, θ_h, θ_w)/‖·‖`` by ``Θ = ⅓·√(θ_d² + θ_h² + θ_w²)`` (eq. 6); ``θ_a = p_a · ω_i``. A single
 coordinate ``p`` is the paper's 1-D case (app. F): a rotation about the j axis by ``θ = p · ω_i``.
@@ -38,6 +39,8 @@ __all__ = [
     "channel_coefficients",
     "triple_weights",
     "CHANNEL_OFFSETS",
+    "GEOPE_CHANNELS",
+    "check_channels",
     "geope_rotation",
 ]
 
@@ -46,6 +49,21 @@ GEOPE_FREQ_STYLES = ("decreasing", "paper")
 # Below this Θ² the coefficients come from their Taylor series (error < 1e-15 there), which keeps
 # values and gradients exact at Θ = 0 without dividing by Θ.
 _SMALL = 1e-4
+
+# Which channels form triple i of n: "interleaved" = (3i, 3i+1, 3i+2), the paper's layout (the default);
+# "thirds" = (i, n+i, 2n+i), one component per third of the rotated channels (planar RoPE's "half" layout
+# for triples: the same rotation on permuted channels, so q·k is unchanged when q and k share the layout)
+GEOPE_CHANNELS = ("interleaved", "thirds")
+
+
+def check_channels(channels: str) -> str:
+    if channels not in GEOPE_CHANNELS:
+        raise ValueError(
+            f"`channels` must be 'interleaved' (triple i = channels 3i, 3i+1, 3i+2) or 'thirds' "
+            f"(triple i = channels i, n+i, 2n+i), got {channels!r}"
+        )
+    return channels
+
 
 # Channel offsets of the terms of :func:`channel_coefficients`: output channel j of a triple reads input
 # channels j, j+1, j-1, j+2 and j-2 (those outside its own triple get a zero coefficient).
@@ -62,6 +80,8 @@ class GeoPERotation(NamedTuple):
     ``(5, ..., L, 3n)`` from :func:`channel_coefficients`; the eager apply path uses it when present.
     ``triples`` (optional, no gradient) holds the same nine nonzero weights per triple packed together,
     ``(..., L, n, 9)`` from :func:`triple_weights`; the compiled and accelerator paths use it when present.
+    ``planes`` (optional, no gradient) holds those nine weights component-major, ``(9, ..., L, n)``: weight
+    ``t`` of every triple as one contiguous plane, which the ``channels="thirds"`` layout reads.
     """
 
     vector: torch.Tensor
@@ -70,6 +90,7 @@ class GeoPERotation(NamedTuple):
     versc: torch.Tensor
     coeffs: torch.Tensor | None = None
     triples: torch.Tensor | None = None
+    planes: torch.Tensor | None = None
 
     @property
     def num_triples(self) -> int:
@@ -224,14 +245,19 @@ def geope_rotation(
     lam: float = 100.0,
     freq_style: str = "decreasing",
     freqs: torch.Tensor | None = None,
+    channels: str = "interleaved",
 ) -> GeoPERotation:
     """GeoPE rotations for positions ``coords (..., L, A)``, A ∈ {1, 2, 3} (GeoPE eqs. 4, 6; app. F).
 
     Returns a :class:`GeoPERotation` with ``n = ⌊head_dim/3⌋`` triples, computed in float32 (float64 for
     float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
+    ``channels`` picks which apply-time weights are precomputed: the per-channel ``coeffs`` and packed
+    ``triples`` for ``"interleaved"``, the component-major ``planes`` for ``"thirds"`` (the rotation itself
+    is the same; applying it with the other layout computes the missing weights on the fly).
     Note: GeoPE is not exactly relative (see the module docstring).
     """
     _check_head_dim(head_dim)
+    check_channels(channels)
     if freqs is None:
         freqs = geope_frequencies(head_dim, lam, freq_style)
     else:
@@ -254,4 +280,6 @@ def geope_rotation(
     with torch.no_grad():
         coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
         triples = triple_weights(coeffs)
+    if channels == "thirds":
+        return GeoPERotation(vec, cos, sinc, versc, planes=triples.movedim(-1, 0).contiguous())
     return GeoPERotation(vec, cos, sinc, versc, coeffs, triples)
