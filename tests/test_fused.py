@@ -309,3 +309,68 @@ def test_non_finite_cos_sin_raise_on_every_path(monkeypatch, threads, bad, where
                 assert all(torch.equal(o, r) for o, r in zip(out, ref))
     finally:
         torch.set_num_threads(before)
+
+
+# --- the compiled CPU kernel (Inductor), the default for large calls without gradients --------------
+
+@pytest.mark.parametrize("dtype,channels,rot,seq_dim,cos_dims", [
+    (torch.bfloat16, "half", 12, -2, 2),  # the common case: every channel, shared tables
+    (torch.float32, "interleaved", 8, 1, 3),  # partial rotary, (B, L, H, D) views, per-sample tables
+])
+def test_compiled_cpu_kernel_gives_the_reference_bits_and_layout(dtype, channels, rot, seq_dim, cos_dims):
+    """Against the eager reference bit for bit (the float64 brute force fixes that reference) and with
+    the reference's output strides, so downstream ``.view`` calls behave the same."""
+    q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, Hk=3, rot=rot, cos_dims=cos_dims)
+    out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim, compiled=True)
+    ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    for o, r, x in zip(out, ref, (q, k)):
+        assert torch.equal(o, r) and o.stride() == r.stride() and o.dtype == dtype
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(o.double(), _brute_force(x, cos, sin, channels, seq_dim), atol=tol, rtol=tol)
+    bad = cos.clone()
+    bad.view(-1)[3] = float("nan")
+    with pytest.raises(ValueError, match="`cos` holds NaN"):
+        apply_rotary_qk_fused(q, k, bad, sin, channels=channels, seq_dim=seq_dim, compiled=True)
+
+
+def test_automatic_choice_of_the_compiled_kernel(monkeypatch):
+    """compiled=None takes the kernel for calls of at least the threshold, on CPU, without gradients,
+    unless ROPEKIT_COMPILE=0; a kernel that fails warns once and leaves the eager path in charge."""
+    calls = []
+    real = fused._apply_compiled
+    monkeypatch.setattr(fused, "_apply_compiled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(fused, "_COMPILED_MIN_ELEMS", 2 * 2 * 3 * 5 * 12)  # exactly q and k of _inputs
+    monkeypatch.setattr(fused, "_COMPILE_FAILED", False)
+    q, k, cos, sin = _inputs(torch.bfloat16, Hk=3)
+    ref = apply_rotary_qk(q, k, cos, sin)
+    assert all(torch.equal(o, r) for o, r in zip(apply_rotary_qk_fused(q, k, cos, sin), ref)) and len(calls) == 1
+    apply_rotary_qk_fused(q[:1], k[:1], cos, sin)  # below the threshold
+    apply_rotary_qk_fused(q, k, cos, sin, compiled=False)
+    apply_rotary_qk_fused(q.requires_grad_(), k, cos, sin)  # autograd: the functional eager path
+    monkeypatch.setenv("ROPEKIT_COMPILE", "0")
+    apply_rotary_qk_fused(q.detach(), k, cos, sin)
+    assert len(calls) == 1
+    monkeypatch.delenv("ROPEKIT_COMPILE")
+
+    def broken(*args):
+        raise RuntimeError("no C++ compiler")
+    monkeypatch.setattr(fused, "_compiled", lambda: broken)
+    q = q.detach()
+    with pytest.warns(RuntimeWarning, match="compiled CPU rotary kernel failed.*no C\\+\\+ compiler"):
+        out = apply_rotary_qk_fused(q, k, cos, sin)
+    assert all(torch.equal(o, r) for o, r in zip(out, ref)) and fused._COMPILE_FAILED
+    import warnings as _w
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        apply_rotary_qk_fused(q, k, cos, sin)  # no second warning, no second attempt
+    assert len(calls) == 2
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        apply_rotary_qk_fused(q, k, cos, sin, compiled=True)  # forced: the error is the caller's
+
+
+def test_compiled_argument_is_checked():
+    q, k, cos, sin = _inputs(torch.float32)
+    with pytest.raises(TypeError, match="`compiled` must be True, False or None"):
+        apply_rotary_qk_fused(q, k, cos, sin, compiled="yes")
+    with pytest.raises(ValueError, match="`compiled=True` needs CPU tensors without gradients"):
+        apply_rotary_fused(q.requires_grad_(), cos, sin, compiled=True)

@@ -8,14 +8,22 @@ and picks the cheapest backend:
 - CUDA tensors with triton installed: one Triton kernel per tensor (:mod:`.triton_rope`), which reads
   q/k and cos/sin once and writes the result once.
 - inside ``torch.compile``: a purely functional formulation with no data-dependent branches, which
-  Inductor fuses into a single loop (``fullgraph=True`` compiles it without graph breaks).
-- otherwise (eager CPU, float64, gradients w.r.t. cos/sin): the reference's operations run block by
-  block along the sequence, so float32 temporaries stay in cache, writing straight into the output.
+  Inductor fuses into one loop per half (``fullgraph=True`` compiles it without graph breaks).
+- large CPU calls without gradients (``compiled=None``, the default: at least ``2**22`` elements of q
+  and k together, when ``torch.compile`` works on the machine): that same formulation compiled once per
+  process by Inductor. The first such call compiles it (seconds); a call it cannot handle, or a machine
+  where compiling fails, falls back to the blocks below (with one warning).
+- otherwise (small calls, float64, gradients): the reference's operations run block by block along the
+  sequence, so float32 temporaries stay in cache, writing straight into the output.
 
-All three give the eager reference's float32 results (bit-for-bit on the torch paths; the Triton
-kernel may fuse a multiply-add, a difference of one float32 rounding).
+All give the eager reference's float32 results (bit-for-bit on the torch paths, compiled included; the
+Triton kernel may fuse a multiply-add, a difference of one float32 rounding). Setting the environment
+variable ``ROPEKIT_COMPILE=0`` turns the automatic compiled path off process-wide.
 """
 from __future__ import annotations
+
+import os
+import warnings
 
 import torch
 
@@ -41,33 +49,46 @@ def rotate_functional(
     c = c.to(work)
     s = s.to(work)
     xr = x[..., :rot].to(work)
+    # each half is rounded to the output dtype before it is joined (the same single rounding): Inductor
+    # then writes bfloat16 straight into the output instead of a float32 buffer plus conversion passes
     if channels == "half":
         x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
-        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        out = torch.cat(((x1 * c - x2 * s).to(x.dtype), (x2 * c + x1 * s).to(x.dtype)), dim=-1)
     else:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
-    out = out.to(x.dtype)
+        out = torch.stack(((x1 * c - x2 * s).to(x.dtype), (x2 * c + x1 * s).to(x.dtype)), dim=-1).flatten(-2)
     if rot == x.shape[-1]:
         return out
     return torch.cat((out, x[..., rot:]), dim=-1)
 
 
-# Elements of x per eager block: float32 temporaries of this size (1 MiB) stay in a core's cache.
-_BLOCK_ELEMS = 1 << 18
+# Elements of x per eager block (2 MiB of float32): the block and its temporaries stay in a core's L2
+# and the shared L3, and a block is large enough that the dozen torch calls on it cost little next to
+# the arithmetic (measured: 1 MiB blocks were 10-40 % slower in bfloat16, 256 KiB ones 2x slower).
+_BLOCK_ELEMS = 1 << 19
 
 
 def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor, channels: str, rot: int):
-    """Rotate one block of ``x`` into the matching block of ``out`` (float32 maths, one rounding)."""
+    """Rotate one block of ``x`` into the matching block of ``out`` (float32 maths, one rounding).
+
+    Each half is ``x1·c`` written in place, then ``− x2·s`` (or ``+ x1·s``) subtracted in place: the
+    reference's products and sums, so the same bits. A bfloat16/float16 output is computed in a float32
+    block buffer and converted in one pass: a float32 op writing a low-precision ``out=`` would compute
+    into a hidden float32 buffer and convert per op.
+    """
     xf = x[..., :rot].to(c.dtype)
+    direct = out.dtype == c.dtype
+    tmp = out[..., :rot] if direct else torch.empty(xf.shape, dtype=c.dtype, device=x.device)
     if channels == "half":
         x1, x2 = xf[..., : rot // 2], xf[..., rot // 2 :]
-        o1, o2 = out[..., : rot // 2], out[..., rot // 2 : rot]
+        o1, o2 = tmp[..., : rot // 2], tmp[..., rot // 2 :]
     else:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        o1, o2 = out[..., 0:rot:2], out[..., 1:rot:2]
-    torch.sub(x1 * c, x2 * s, out=o1)
-    torch.add(x2 * c, x1 * s, out=o2)
+        o1, o2 = tmp[..., 0::2], tmp[..., 1::2]
+    torch.mul(x1, c, out=o1).sub_(x2 * s)
+    torch.mul(x2, c, out=o2).add_(x1 * s)
+    if not direct:
+        out[..., :rot].copy_(tmp)
     if rot < x.shape[-1]:
         out[..., rot:] = x[..., rot:]
 
@@ -122,6 +143,77 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels:
     return _rotate_eager(x, c, s, channels, rot, seq_dim, jobs)
 
 
+# Calls with at least this many elements of q and k together take the compiled CPU kernel by default.
+_COMPILED_MIN_ELEMS = 1 << 22
+_compiled_fn = None
+_COMPILE_FAILED = False
+
+
+def _rotate_all(xs: tuple, tables: tuple, channels: str, rot: int, work: torch.dtype):
+    """Every tensor of ``xs`` rotated functionally with its broadcast-ready ``(cos, sin)`` of ``tables``,
+    and whether the tables are finite in ``work`` (a 0-d bool tensor): the body that :func:`_compiled`
+    compiles into one loop per half plus one small reduction."""
+    out = tuple(rotate_functional(x, c, s, channels, rot) for x, (c, s) in zip(xs, tables))
+    c, s = tables[0]
+    return out, torch.isfinite(c.to(work)).all() & torch.isfinite(s.to(work)).all()
+
+
+def _full_rank(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """``t`` with leading size-1 axes up to ``ndim`` (a view)."""
+    return t[(None,) * (ndim - t.ndim)]
+
+
+def _compiled():
+    global _compiled_fn
+    if _compiled_fn is None:
+        _compiled_fn = torch.compile(_rotate_all, fullgraph=True, dynamic=True)
+    return _compiled_fn
+
+
+def _use_compiled(compiled: bool | None, xs: tuple, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    if compiled is not None and not isinstance(compiled, bool):
+        raise TypeError(f"`compiled` must be True, False or None (automatic), got {compiled!r}")
+    if compiled is False:
+        return False
+    tensors = (*xs, cos, sin)
+    eligible = (not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+    if compiled:
+        if not eligible:
+            raise ValueError("`compiled=True` needs CPU tensors without gradients, outside torch.compile; "
+                             "pass compiled=None to let the call pick its path")
+        return True
+    return (eligible and not _COMPILE_FAILED and os.environ.get("ROPEKIT_COMPILE", "1") != "0"
+            and sum(x.numel() for x in xs) >= _COMPILED_MIN_ELEMS)
+
+
+def _apply_compiled(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
+                    forced: bool):
+    """The compiled CPU path, or None when it failed (then the caller runs the eager blocks)."""
+    global _COMPILE_FAILED
+    # tables broadcast to each tensor's rank outside the compiled body, so that the table layouts
+    # ((L, R/2), (B, L, R/2), ...) do not each cost a recompilation
+    tables = tuple(tuple(_full_rank(_broadcast(t, x, seq_dim), x.ndim) for t in (cos, sin)) for x in xs)
+    work = torch.float64 if all(x.dtype == torch.float64 for x in xs) else torch.float32
+    try:
+        out, finite = _compiled()(xs, tables, channels, rot, work)
+    except Exception as err:  # noqa: BLE001 - no compiler, a recompile limit, ...: the eager path still works
+        if forced:
+            raise
+        if "recompile" in type(err).__name__.lower() or "recompile_limit" in str(err):
+            return None  # more variants in this process than torch.compile keeps: this call runs eagerly
+        if not _COMPILE_FAILED:
+            warnings.warn(f"ropekit: the compiled CPU rotary kernel failed ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); using the eager blocked path "
+                          "from now on (ROPEKIT_COMPILE=0 skips the attempt)", RuntimeWarning, stacklevel=4)
+        _COMPILE_FAILED = True
+        return None
+    if not bool(finite):  # the same error as the eager path, naming the table
+        check_finite(cos, "cos", work)
+        check_finite(sin, "sin", work)
+    return out
+
+
 def _triton_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> bool:
     if torch.compiler.is_compiling() or not triton_rope.supports(q, k, cos, sin):
         return False
@@ -136,21 +228,29 @@ def apply_rotary_qk_fused(
     *,
     channels: str = "half",
     seq_dim: int = -2,
+    compiled: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys like :func:`ropekit.apply_rotary_qk`, on the fastest available backend.
 
     ``q``/``k`` are ``(B, H, L, D)`` (``seq_dim=-2`` or ``2``) or ``(B, L, H, D)`` (``seq_dim=1`` or ``-3``) and may have
     different head counts (grouped-query attention); ``cos``/``sin`` are ``(L, R/2)``, ``(B, L, R/2)``
     or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels, their batch q's or 1 (see :func:`ropekit.apply_rotary`).
+    ``compiled``: None (default) takes the compiled CPU kernel for large calls without gradients (see the
+    module docstring), True always for CPU calls without gradients, False never.
     """
     rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q", finite=False)
     if _validate(k, cos, sin, channels, seq_dim, "k", finite=False)[1] != seq_dim:
         raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
-    return _apply((q, k), cos, sin, channels, seq_dim, rot)
+    return _apply((q, k), cos, sin, channels, seq_dim, rot, compiled)
 
 
-def _apply(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int) -> tuple:
+def _apply(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
+           compiled: bool | None = None) -> tuple:
     """Rotate the validated tensors ``xs`` (one or q and k) with cos/sin whose values are not yet checked."""
+    if _use_compiled(compiled, xs, cos, sin):
+        out = _apply_compiled(xs, cos, sin, channels, seq_dim, rot, forced=bool(compiled))
+        if out is not None:
+            return out
     use_triton = _triton_ok(xs[0], xs[-1], cos, sin, seq_dim)
     jobs: list = []  # eager CPU blocks of every tensor, run together on the worker threads
     out = tuple(_rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton, jobs) for x in xs)
@@ -182,7 +282,8 @@ def apply_rotary_fused(
     *,
     channels: str = "half",
     seq_dim: int = -2,
+    compiled: bool | None = None,
 ) -> torch.Tensor:
     """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics)."""
     rot, seq_dim = _validate(x, cos, sin, channels, seq_dim, finite=False)
-    return _apply((x,), cos, sin, channels, seq_dim, rot)[0]
+    return _apply((x,), cos, sin, channels, seq_dim, rot, compiled)[0]
