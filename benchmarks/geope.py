@@ -10,7 +10,9 @@ D divisible by 3 rotates every channel; planar RoPE uses the same D), 2-D positi
   path, only the angles differ, so it is timed to show that and its angle build is timed separately;
 - ``geope_eager``: ``ropekit.apply_geope_qk`` with the rotation built once (blocked eager path);
 - ``geope_functional``: the autograd path on the same inputs (the implementation before the blocked one);
-- ``geope_compiled``: ``torch.compile(apply_geope_qk, fullgraph=True, dynamic=True)``.
+- ``geope_compiled``: ``torch.compile(apply_geope_qk, fullgraph=True, dynamic=True)``;
+- ``thirds_eager`` / ``thirds_compiled``: the same two paths with ``channels="thirds"`` (triple i =
+  channels i, n+i, 2n+i) and a rotation built for that layout; the same rotation on permuted channels.
 
 Linear GeoPE: ``linear_geope_attention`` against ``scaled_dot_product_attention`` after axial RoPE on
 q/k, one head of dim 96 (and 4 heads at L = 1024), forward and forward + backward; each case runs in a
@@ -58,6 +60,7 @@ def _tables(pos: torch.Tensor, D: int) -> dict:
         "axial": lambda: cos_sin(angles(pos, W_axial)),
         "directional": lambda: cos_sin(angles(pos, W_dir)),
         "geope": lambda: geope_rotation(pos, D, lam=BASE),
+        "geope_thirds": lambda: geope_rotation(pos, D, lam=BASE, channels="thirds"),
     }
 
 
@@ -72,6 +75,7 @@ def bench_apply(shape, dtype_name: str, *, repeat: int, compiled: dict | None) -
     cos, sin = build["axial"]()
     dcos, dsin = build["directional"]()
     rot = build["geope"]()
+    rot3 = build["geope_thirds"]()
     n = D // 3
 
     def functional():
@@ -83,28 +87,35 @@ def bench_apply(shape, dtype_name: str, *, repeat: int, compiled: dict | None) -
         "directional_fused": lambda: apply_rotary_qk_fused(q, k, dcos, dsin),
         "geope_eager": lambda: apply_geope_qk(q, k, rot),
         "geope_functional": functional,
+        "thirds_eager": lambda: apply_geope_qk(q, k, rot3, channels="thirds"),
     }
     result = {"shape": list(shape), "dtype": dtype_name, "grid": list(GRIDS[L]), "cases": {}, "compile_s": {}}
     if compiled is not None:
-        for name, fn, args in (("planar_compiled", compiled["planar"], (q, k, cos, sin)),
-                               ("geope_compiled", compiled["geope"], (q, k, rot))):
+        for name, fn, args, kw in (("planar_compiled", compiled["planar"], (q, k, cos, sin), {}),
+                                   ("geope_compiled", compiled["geope"], (q, k, rot), {}),
+                                   ("thirds_compiled", compiled["geope"], (q, k, rot3), {"channels": "thirds"})):
             t0 = time.perf_counter()
-            fn(*args)
+            fn(*args, **kw)
             result["compile_s"][name] = time.perf_counter() - t0
-            cases[name] = lambda fn=fn, args=args: fn(*args)
+            cases[name] = lambda fn=fn, args=args, kw=kw: fn(*args, **kw)
     result["cases"] = timeit_many(cases, warmup=1, repeat=repeat)
     # sanity: the fast GeoPE paths give the autograd path's rotation
     ref = functional()[0].float()
     result["max_abs_diff_vs_geope_functional"] = {
         n_: (cases[n_]()[0].float() - ref).abs().max().item() for n_ in ("geope_eager", "geope_compiled") if n_ in cases
     }
+    ref3 = geope_apply._rotate_functional(q, rot3, n, -2, "thirds").float()
+    result["max_abs_diff_vs_geope_functional"].update({
+        n_: (cases[n_]()[0].float() - ref3).abs().max().item() for n_ in ("thirds_eager", "thirds_compiled") if n_ in cases
+    })
     fused = result["cases"]["planar_fused"]["median_s"]
     eager = result["cases"]["planar_eager"]["median_s"]
     result["ratio_vs_planar_fused"] = {n_: c["median_s"] / fused for n_, c in result["cases"].items()}
     result["ratio_vs_planar_eager"] = {n_: c["median_s"] / eager for n_, c in result["cases"].items()}
     if "planar_compiled" in result["cases"]:
-        result["geope_compiled_vs_planar_compiled"] = (
-            result["cases"]["geope_compiled"]["median_s"] / result["cases"]["planar_compiled"]["median_s"])
+        for name in ("geope_compiled", "thirds_compiled"):
+            result[f"{name}_vs_planar_compiled"] = (
+                result["cases"][name]["median_s"] / result["cases"]["planar_compiled"]["median_s"])
     return result
 
 

@@ -58,7 +58,7 @@ def index_table(data: dict) -> str:
 
 
 GEOPE_ORDER = ["planar_eager", "planar_fused", "directional_fused", "geope_eager", "geope_functional",
-               "planar_compiled", "geope_compiled"]
+               "thirds_eager", "planar_compiled", "geope_compiled", "thirds_compiled"]
 
 
 def geope_table(data: dict) -> str:
@@ -72,6 +72,13 @@ def geope_table(data: dict) -> str:
             c = r["cases"].get(n)
             cells.append("–" if c is None else f"{c['median_s'] * 1e3:.1f} ms ×{r['ratio_vs_planar_fused'][n]:.2f}")
         rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | " + " | ".join(cells) + " |")
+    compiled = [r for r in res["apply"] if "geope_compiled_vs_planar_compiled" in r]
+    if compiled:
+        rows += ["", "| shape (B,H,L,D) | dtype | compiled GeoPE / compiled planar: interleaved | thirds |",
+                 "|---|---|---|---|"]
+        rows += [f"| {tuple(r['shape'])} | {r['dtype']} | ×{r['geope_compiled_vs_planar_compiled']:.2f} | "
+                 + (f"×{r['thirds_compiled_vs_planar_compiled']:.2f} |" if "thirds_compiled_vs_planar_compiled" in r
+                    else "– |") for r in compiled]
     rows += ["", "| L | axial cos/sin | directional cos/sin | GeoPE rotation |", "|---|---|---|---|"]
     for b in res["build"]:
         c = b["cases"]

@@ -21,7 +21,7 @@ from . import index as index_bench
 from . import learned as learned_bench
 from . import pointcloud as pointcloud_bench
 from . import variants as variants_bench
-from .common import copy_bandwidth, machine
+from .common import ALLOCATOR_MODES, copy_bandwidth, machine, pin_allocator
 
 SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf", "pointcloud")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd fused path")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    p.add_argument("--allocator", choices=ALLOCATOR_MODES, default="steady",
+                   help="steady (default): fix glibc malloc's mmap threshold so no case pays page faults "
+                        "that another escapes; default: leave malloc alone")
     args = p.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be >= 1")
@@ -59,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     info = machine()
+    info["allocator"] = pin_allocator(args.allocator)
     print(f"machine: {info['cpu']}, {info['cpu_count']} cores, torch {info['torch']} "
-          f"with {info['torch_threads']} threads", flush=True)
+          f"with {info['torch_threads']} threads; malloc: {info['allocator']}", flush=True)
     bw = copy_bandwidth(repeat=repeat)
     print(f"copy bandwidth: {bw['bytes_per_s'] / 1e9:.2f} GB/s (read + write)", flush=True)
     header = {"machine": info, "copy_bandwidth": bw, "quick": args.quick, "repeat": repeat,
