@@ -85,8 +85,12 @@ def bench_case(shape, dtype_name: str, kind: str, *, repeat: int, compiled=None)
         "rotary_embedding_torch": lambda: (apply_rotary_emb(ret_freqs, q), apply_rotary_emb(ret_freqs, k)),
         "ropekit_eager": lambda: apply_rotary_qk(q, k, cos, sin),
         "ropekit_fused": lambda: apply_rotary_qk_fused(q, k, cos, sin),
+        "ropekit_blocks": lambda: apply_rotary_qk_fused(q, k, cos, sin, compiled=False),
     }
     result = {"shape": list(shape), "dtype": dtype_name, "positions": kind, "cases": {}}
+    t0 = time.perf_counter()
+    apply_rotary_qk_fused(q, k, cos, sin)  # the default path compiles its kernel on the first large call
+    result["fused_first_call_s"] = time.perf_counter() - t0
     if compiled is not None:
         t0 = time.perf_counter()
         compiled(q, k, cos, sin)

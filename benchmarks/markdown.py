@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ["transformers_qwen2vl", "rotary_embedding_torch", "ropekit_eager", "ropekit_fused", "ropekit_compiled"]
+ORDER = ["transformers_qwen2vl", "rotary_embedding_torch", "ropekit_eager", "ropekit_blocks", "ropekit_fused",
+         "ropekit_compiled"]
 
 
 def machine_line(data: dict) -> str:

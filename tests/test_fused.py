@@ -354,7 +354,7 @@ def test_automatic_choice_of_the_compiled_kernel(monkeypatch):
 
     def broken(*args):
         raise RuntimeError("no C++ compiler")
-    monkeypatch.setattr(fused, "_compiled", lambda: broken)
+    monkeypatch.setattr(fused, "_compiled", lambda n: broken)
     q = q.detach()
     with pytest.warns(RuntimeWarning, match="compiled CPU rotary kernel failed.*no C\\+\\+ compiler"):
         out = apply_rotary_qk_fused(q, k, cos, sin)
