@@ -5,7 +5,8 @@ D divisible by 3 rotates every channel; planar RoPE uses the same D), 2-D positi
 (64 × 64 for L = 4096, 32 × 64 for L = 2048):
 
 - ``planar_eager`` / ``planar_fused`` / ``planar_compiled``: axial 2-D RoPE (``frequency_matrix("axial")``,
-  base 100) with ``ropekit.apply_rotary_qk``, ``apply_rotary_qk_fused``, and the latter compiled;
+  base 100) with ``ropekit.apply_rotary_qk``, ``apply_rotary_qk_fused(..., compiled=False)`` (its eager
+  blocks, the counterpart of GeoPE's eager path), and ``apply_rotary_qk_fused`` under ``torch.compile``;
 - ``directional_fused``: directional N-D RoPE (dense ``W`` from ``directional_matrix``) — the same apply
   path, only the angles differ, so it is timed to show that and its angle build is timed separately;
 - ``geope_eager``: ``ropekit.apply_geope_qk`` with the rotation built once (blocked eager path);
@@ -83,8 +84,9 @@ def bench_apply(shape, dtype_name: str, *, repeat: int, compiled: dict | None) -
 
     cases = {
         "planar_eager": lambda: apply_rotary_qk(q, k, cos, sin),
-        "planar_fused": lambda: apply_rotary_qk_fused(q, k, cos, sin),
-        "directional_fused": lambda: apply_rotary_qk_fused(q, k, dcos, dsin),
+        # the fused path's eager blocks (large calls would otherwise take its compiled kernel)
+        "planar_fused": lambda: apply_rotary_qk_fused(q, k, cos, sin, compiled=False),
+        "directional_fused": lambda: apply_rotary_qk_fused(q, k, dcos, dsin, compiled=False),
         "geope_eager": lambda: apply_geope_qk(q, k, rot),
         "geope_functional": functional,
         "thirds_eager": lambda: apply_geope_qk(q, k, rot3, channels="thirds"),

@@ -197,7 +197,8 @@ def _rotate_thirds_functional(x: torch.Tensor, planes: torch.Tensor, n: int, seq
     R = 3 * n
     xf = x.to(work)
     w = [_broadcast(p, 0, seq_dim, x.ndim) for p in planes.unbind(0)]
-    out = torch.cat(_rotated_components(xf[..., :R].split(n, dim=-1), w), dim=-1).to(x.dtype)
+    # each third rounded to x's dtype before the join, so Inductor writes bfloat16 straight into the output
+    out = torch.cat([o.to(x.dtype) for o in _rotated_components(xf[..., :R].split(n, dim=-1), w)], dim=-1)
     if R == x.shape[-1]:
         return out
     return torch.cat((out, x[..., R:]), dim=-1)
