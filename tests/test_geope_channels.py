@@ -78,6 +78,10 @@ def test_every_path_matches_the_float64_reference(monkeypatch, D, built_for):
     ob = run(xb)
     assert ob.dtype == torch.bfloat16
     torch.testing.assert_close(ob.double(), refb.bfloat16().double(), atol=0.02, rtol=0.01)
+    # the form traced under torch.compile (run eagerly here), which rounds each third before the join
+    traced = geo._rotate_thirds_functional(xb, geo._weight_planes(rot, torch.float32, xb.device), D // 3, -2)
+    assert traced.dtype == torch.bfloat16
+    torch.testing.assert_close(traced.double(), refb.bfloat16().double(), atol=0.02, rtol=0.01)
     o64 = apply_geope(x.double(), geope_rotation(coords.double(), D, channels="thirds"), channels="thirds")
     torch.testing.assert_close(o64, ref, atol=1e-12, rtol=0)
     shared = geope_rotation(coords[0], D, channels="thirds")
