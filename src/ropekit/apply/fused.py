@@ -179,11 +179,13 @@ def _use_compiled(compiled: bool | None, xs: tuple, cos: torch.Tensor, sin: torc
     if compiled is False:
         return False
     tensors = (*xs, cos, sin)
-    eligible = (not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
+    eligible = (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+                and all(t.device.type == "cpu" for t in tensors)
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
     if compiled:
         if not eligible:
-            raise ValueError("`compiled=True` needs CPU tensors without gradients, outside torch.compile; "
+            raise ValueError("`compiled=True` needs CPU tensors without gradients, outside torch.compile and "
+                             "torch.jit.trace; "
                              "pass compiled=None to let the call pick its path")
         return True
     return (eligible and not _COMPILE_FAILED and os.environ.get("ROPEKIT_COMPILE", "1") != "0"
