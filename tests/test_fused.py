@@ -317,9 +317,13 @@ def test_non_finite_cos_sin_raise_on_every_path(monkeypatch, threads, bad, where
     (torch.bfloat16, "half", 12, -2, 2),  # the common case: every channel, shared tables
     (torch.float32, "interleaved", 8, 1, 3),  # partial rotary, (B, L, H, D) views, per-sample tables
 ])
-def test_compiled_cpu_kernel_gives_the_reference_bits_and_layout(dtype, channels, rot, seq_dim, cos_dims):
+def test_compiled_cpu_kernel_gives_the_reference_bits_and_layout(monkeypatch, dtype, channels, rot, seq_dim,
+                                                                cos_dims):
     """Against the eager reference bit for bit (the float64 brute force fixes that reference) and with
     the reference's output strides, so downstream ``.view`` calls behave the same."""
+    def no_eager(*args, **kwargs):
+        raise AssertionError("compiled=True must not fall back to the eager blocks")
+    monkeypatch.setattr(fused, "_rotate_eager", no_eager)
     q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, Hk=3, rot=rot, cos_dims=cos_dims)
     out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim, compiled=True)
     ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
@@ -331,6 +335,38 @@ def test_compiled_cpu_kernel_gives_the_reference_bits_and_layout(dtype, channels
     bad.view(-1)[3] = float("nan")
     with pytest.raises(ValueError, match="`cos` holds NaN"):
         apply_rotary_qk_fused(q, k, bad, sin, channels=channels, seq_dim=seq_dim, compiled=True)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_output_memory_format_follows_the_reference(compiled):
+    """A channels-last laid-out q (heads innermost) gives a channels-last output on every path, as the
+    reference's ``cat`` does; a plain (B, L, H, D) transposed view gives a contiguous one."""
+    g = torch.Generator().manual_seed(4)
+    cos, sin = torch.rand(2, 7, 4, generator=g).unbind(0)
+    for x in (torch.randn(1, 7, 8, 5, generator=g).permute(0, 3, 1, 2),
+              torch.randn(1, 7, 5, 8, generator=g).transpose(1, 2)):
+        ref = apply_rotary_qk(x, x, cos, sin)[0]
+        out = apply_rotary_fused(x, cos, sin, compiled=compiled)
+        assert torch.equal(out, ref) and out.stride() == ref.stride()
+
+
+def test_forward_mode_ad_and_vmap_take_the_functional_path(monkeypatch):
+    """Dual tensors and torch.func transforms never reach the compiled kernel or the out= blocks:
+    the tangent is the rotation of the tangent (the map is linear in x), vmap gives the per-sample
+    rotation, and neither turns the compiled path off."""
+    import torch.autograd.forward_ad as fwAD
+
+    monkeypatch.setattr(fused, "_COMPILED_MIN_ELEMS", 1)
+    monkeypatch.setattr(fused, "_COMPILE_FAILED", False)
+    q, k, cos, sin = _inputs(torch.float32)
+    tangent = torch.randn_like(q)
+    with fwAD.dual_level():
+        out = apply_rotary_fused(fwAD.make_dual(q, tangent), cos, sin)
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, apply_rotary_qk(tangent, k, cos, sin)[0])
+    stacked = torch.stack((q, 2 * q))
+    mapped = torch.func.vmap(lambda x: apply_rotary_fused(x, cos, sin))(stacked)
+    torch.testing.assert_close(mapped[1], apply_rotary_qk(2 * q, k, cos, sin)[0])
+    assert not fused._COMPILE_FAILED
 
 
 def test_automatic_choice_of_the_compiled_kernel(monkeypatch):
@@ -376,3 +412,9 @@ def test_compiled_argument_is_checked():
         apply_rotary_qk_fused(q, k, cos, sin, compiled="yes")
     with pytest.raises(ValueError, match="`compiled=True` needs CPU tensors without gradients"):
         apply_rotary_fused(q.requires_grad_(), cos, sin, compiled=True)
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("false", False), ("OFF", False), ("no", False), ("1", True)])
+def test_rope_kit_compile_variable(monkeypatch, value, on):
+    monkeypatch.setenv("ROPEKIT_COMPILE", value)
+    assert fused._env_allows_compile() is on

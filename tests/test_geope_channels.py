@@ -53,7 +53,7 @@ def test_every_path_matches_the_float64_reference(monkeypatch, D, built_for):
     bfloat16 and float64, with a rotation built for either layout or with no precomputed weights."""
     import ropekit.apply.geope as geo
 
-    monkeypatch.setattr(geo, "_BLOCK_ELEMS", 64)
+    monkeypatch.setattr(geo, "_BLOCK_ELEMS", 216)  # blocks of 3 (D = 12) or 2 (D = 14) tokens: L = 13 is ragged
     g = torch.Generator().manual_seed(1)
     B, H, L = 2, 3, 13
     coords = torch.randn(B, L, 3, generator=g) * 5
@@ -87,6 +87,26 @@ def test_every_path_matches_the_float64_reference(monkeypatch, D, built_for):
     shared = geope_rotation(coords[0], D, channels="thirds")
     torch.testing.assert_close(apply_geope(x, shared, channels="thirds").double(),
                                rotate_thirds_reference(x, skew_exp_rotations(coords[0], freqs)), **tol)
+
+
+def test_a_rotation_applies_the_layout_it_was_built_for():
+    """Built with channels="thirds", the rotation is applied in that layout unless the call says
+    otherwise, so setting the layout only where the rotation is built cannot silently mix layouts."""
+    g = torch.Generator().manual_seed(5)
+    D, L = 12, 6
+    coords = torch.randn(L, 2, generator=g) * 3
+    x = torch.randn(1, 2, L, D, generator=g)
+    R = skew_exp_rotations(coords, geope_frequencies(D))
+    thirds = geope_rotation(coords, D, channels="thirds")
+    assert thirds.channels == "thirds" and geope_rotation(coords, D).channels == "interleaved"
+    torch.testing.assert_close(apply_geope(x, thirds).double(), rotate_thirds_reference(x, R), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(apply_geope_qk(x, x, thirds)[1].double(), rotate_thirds_reference(x, R),
+                               atol=2e-5, rtol=1e-5)
+    perm = thirds_from_interleaved(D, D // 3)
+    expected = torch.empty(x.shape, dtype=torch.float64)
+    expected[..., perm] = rotate_thirds_reference(x[..., perm], R)
+    torch.testing.assert_close(apply_geope(x, thirds, channels="interleaved").double(), expected,
+                               atol=2e-5, rtol=1e-5)
 
 
 def test_compiled_thirds_matches_the_reference():

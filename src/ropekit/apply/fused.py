@@ -13,8 +13,9 @@ and picks the cheapest backend:
   and k together, when ``torch.compile`` works on the machine): that same formulation compiled once per
   process by Inductor. The first such call compiles it (seconds); a call it cannot handle, or a machine
   where compiling fails, falls back to the blocks below (with one warning).
-- otherwise (small calls, float64, gradients): the reference's operations run block by block along the
-  sequence, so float32 temporaries stay in cache, writing straight into the output.
+- otherwise (small calls): the reference's operations run block by block along the sequence, so
+  float32 temporaries stay in cache, writing straight into the output, in the reference's memory format.
+  Calls that need gradients, forward-mode AD or a ``torch.func`` transform run the functional form eagerly.
 
 All give the eager reference's float32 results (bit-for-bit on the torch paths, compiled included; the
 Triton kernel may fuse a multiply-add, a difference of one float32 rounding). Setting the environment
@@ -93,6 +94,14 @@ def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.
         out[..., rot:] = x[..., rot:]
 
 
+def _output_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of the reference's output (a ``torch.cat``): channels-last when a 4-D ``x`` is
+    laid out channels-last (and not also contiguous), else contiguous."""
+    if x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def _rotate_eager(
     x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int, seq_dim: int,
     jobs: list | None = None,
@@ -110,9 +119,11 @@ def _rotate_eager(
     c = c.to(work)
     s = s.to(work)
     shape = torch.broadcast_shapes(x.shape[:-1] + (rot // 2,), c.shape, s.shape)
-    if shape != x.shape[:-1] + (rot // 2,) or x.requires_grad or c.requires_grad or s.requires_grad:
-        return rotate_functional(x, c, s, channels, rot)  # broadcasting grows x, or autograd: stay functional
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if (shape != x.shape[:-1] + (rot // 2,) or x.requires_grad or c.requires_grad or s.requires_grad
+            or not all(_plain(t) for t in (x, c, s))):
+        # broadcasting grows x, autograd, forward-mode AD or torch.func: stay functional (no out= ops)
+        return rotate_functional(x, c, s, channels, rot)
+    out = torch.empty_like(x, memory_format=_output_format(x))
     ldim = x.ndim - 2 if seq_dim == -2 else 1
     cdim, sdim = ldim - (x.ndim - c.ndim), ldim - (x.ndim - s.ndim)
     L = x.shape[ldim]
@@ -173,6 +184,16 @@ def _compiled(n: int):
     return fn
 
 
+def _plain(t: torch.Tensor) -> bool:
+    """Not a forward-mode dual (its tangent would be dropped) nor a torch.func (vmap/grad/jvp) wrapper."""
+    return (not torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and torch.autograd.forward_ad.unpack_dual(t).tangent is None)
+
+
+def _env_allows_compile() -> bool:
+    return os.environ.get("ROPEKIT_COMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def _use_compiled(compiled: bool | None, xs: tuple, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     if compiled is not None and not isinstance(compiled, bool):
         raise TypeError(f"`compiled` must be True, False or None (automatic), got {compiled!r}")
@@ -180,15 +201,15 @@ def _use_compiled(compiled: bool | None, xs: tuple, cos: torch.Tensor, sin: torc
         return False
     tensors = (*xs, cos, sin)
     eligible = (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-                and all(t.device.type == "cpu" for t in tensors)
+                and all(t.device.type == "cpu" and _plain(t) for t in tensors)
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
     if compiled:
         if not eligible:
-            raise ValueError("`compiled=True` needs CPU tensors without gradients, outside torch.compile and "
-                             "torch.jit.trace; "
+            raise ValueError("`compiled=True` needs CPU tensors without gradients (nor forward-mode or "
+                             "torch.func transforms), outside torch.compile and torch.jit.trace; "
                              "pass compiled=None to let the call pick its path")
         return True
-    return (eligible and not _COMPILE_FAILED and os.environ.get("ROPEKIT_COMPILE", "1") != "0"
+    return (eligible and not _COMPILE_FAILED and _env_allows_compile()
             and sum(x.numel() for x in xs) >= _COMPILED_MIN_ELEMS)
 
 
@@ -204,8 +225,10 @@ def _apply_compiled(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: s
     except Exception as err:  # noqa: BLE001 - no compiler, a recompile limit, ...: the eager path still works
         if forced:
             raise
-        if "recompile" in type(err).__name__.lower() or "recompile_limit" in str(err):
-            return None  # more variants in this process than torch.compile keeps: this call runs eagerly
+        if "recompile" in type(err).__name__.lower() or isinstance(err, torch._dynamo.exc.Unsupported):
+            # something about this call (more variants than torch.compile keeps, an input it cannot
+            # trace), not the machine: this call runs eagerly, the next large one tries again
+            return None
         if not _COMPILE_FAILED:
             warnings.warn(f"ropekit: the compiled CPU rotary kernel failed ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); using the eager blocked path "

@@ -311,7 +311,7 @@ def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, se
 
 
 def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
-                channels: str = "interleaved") -> torch.Tensor:
+                channels: str | None = None) -> torch.Tensor:
     """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
 
     ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
@@ -321,12 +321,13 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
     written for tracing (or the functional one when the rotation itself needs a gradient).
 
     ``channels``: ``"interleaved"`` (triple i = channels 3i, 3i+1, 3i+2; the paper's layout) or
-    ``"thirds"`` (triple i = channels i, n+i, 2n+i; faster under ``torch.compile``). Use one layout for q
-    and k; a rotation built with :func:`ropekit.rotations.geope.geope_rotation` ``(channels=...)`` of the same
-    layout carries the weights that layout reads.
+    ``"thirds"`` (triple i = channels i, n+i, 2n+i; faster under ``torch.compile``); ``None`` (default)
+    takes the layout the rotation was built for (:func:`ropekit.rotations.geope.geope_rotation`
+    ``(channels=...)``, ``"interleaved"`` unless said otherwise), which also carries the weights that
+    layout reads. Use one layout for q and k.
     """
-    check_channels(channels)
     n, seq_dim = _validate(x, rotation, seq_dim)
+    channels = check_channels(rotation.channels if channels is None else channels)
     fields = (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)
     rotation_grad = torch.is_grad_enabled() and any(t.requires_grad for t in fields)
     if rotation_grad or (torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling()):
@@ -351,7 +352,7 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
 
 
 def apply_geope_qk(
-    q: torch.Tensor, k: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2, channels: str = "interleaved"
+    q: torch.Tensor, k: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2, channels: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys with the same GeoPE rotation (and the same ``channels`` layout)."""
     return (apply_geope(q, rotation, seq_dim=seq_dim, channels=channels),

@@ -82,6 +82,8 @@ class GeoPERotation(NamedTuple):
     ``(..., L, n, 9)`` from :func:`triple_weights`; the compiled and accelerator paths use it when present.
     ``planes`` (optional, no gradient) holds those nine weights component-major, ``(9, ..., L, n)``: weight
     ``t`` of every triple as one contiguous plane, which the ``channels="thirds"`` layout reads.
+    ``channels`` is the channel layout the rotation was built for, which :func:`ropekit.apply_geope`
+    applies unless told otherwise.
     """
 
     vector: torch.Tensor
@@ -91,6 +93,7 @@ class GeoPERotation(NamedTuple):
     coeffs: torch.Tensor | None = None
     triples: torch.Tensor | None = None
     planes: torch.Tensor | None = None
+    channels: str = "interleaved"
 
     @property
     def num_triples(self) -> int:
@@ -252,7 +255,8 @@ def geope_rotation(
     Returns a :class:`GeoPERotation` with ``n = ⌊head_dim/3⌋`` triples, computed in float32 (float64 for
     float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
     ``channels`` picks which apply-time weights are precomputed: the per-channel ``coeffs`` and packed
-    ``triples`` for ``"interleaved"``, the component-major ``planes`` for ``"thirds"`` (the rotation itself
+    ``triples`` for ``"interleaved"``, the component-major ``planes`` for ``"thirds"``, and is recorded in
+    the rotation, so that :func:`ropekit.apply_geope` applies that layout by default (the rotation itself
     is the same; applying it with the other layout computes the missing weights on the fly).
     Note: GeoPE is not exactly relative (see the module docstring).
     """
@@ -281,5 +285,5 @@ def geope_rotation(
         coeffs = channel_coefficients(vec.detach(), cos.detach(), sinc.detach(), versc.detach())
         triples = triple_weights(coeffs)
     if channels == "thirds":
-        return GeoPERotation(vec, cos, sinc, versc, planes=triples.movedim(-1, 0).contiguous())
+        return GeoPERotation(vec, cos, sinc, versc, planes=triples.movedim(-1, 0).contiguous(), channels="thirds")
     return GeoPERotation(vec, cos, sinc, versc, coeffs, triples)
