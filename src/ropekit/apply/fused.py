@@ -27,6 +27,7 @@ import os
 import warnings
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from . import triton_rope
 from ._parallel import run_blocks
@@ -186,8 +187,10 @@ def _compiled(n: int):
 
 def _plain(t: torch.Tensor) -> bool:
     """Not a forward-mode dual (its tangent would be dropped) nor a torch.func (vmap/grad/jvp) wrapper."""
-    return (not torch._C._functorch.is_functorch_wrapped_tensor(t)
-            and torch.autograd.forward_ad.unpack_dual(t).tangent is None)
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False
+    # outside any dual level (the common case) no tensor carries a tangent: skip the lookup
+    return _forward_ad._current_level < 0 or _forward_ad.unpack_dual(t).tangent is None
 
 
 def _env_allows_compile() -> bool:
