@@ -240,52 +240,14 @@ def _confine(xf: torch.Tensor, coef: list[torch.Tensor], ob: torch.Tensor) -> No
     ob.copy_(_rotate_in_triples(xt, triple_weights(torch.stack([c.expand(shape) for c in coef]))).reshape(shape))
 
 
-def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
-    """Blocked eager rotation of validated, gradient-free ``x`` with broadcast-ready coefficient views.
-
-    Where a block's rows are contiguous and fully rotated (``D = 3n``, seq axis before channels), the
-    sequence and channel axes are merged so every multiply-add runs over one long contiguous range; the
-    zero coefficients at triple edges keep neighbouring rows and triples apart for finite input, and a
-    block with a non-finite result is recomputed inside its triples (:func:`_confine`).
-    """
+def _run_blocked(x: torch.Tensor, weights: list[torch.Tensor], R: int, seq_dim: int, rotate, *,
+                 merge: bool = False) -> torch.Tensor:
+    """The eager paths' shared scaffold: an output whose channels past ``R`` pass through, and cache-sized
+    blocks along the sequence run on the block pool (with several torch threads concurrently, each
+    single-threaded: same results). ``rotate(xf, wb, tmp)`` fills the block's working-dtype buffer
+    ``tmp`` from the block of ``x[..., :R]`` and of each broadcast-ready weight; bfloat16/float16 outputs
+    go through one float32 buffer per block. ``merge`` flattens the sequence and channel axes first."""
     work = _work_dtype(x)
-    R = 3 * n
-    D = x.shape[-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if R < D:
-        out[..., R:] = x[..., R:]
-    ldim = x.ndim - 2 if seq_dim == -2 else 1
-    merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
-    L = x.shape[ldim]
-    step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
-    def block(i: int, m: int) -> None:
-        xf = x.narrow(ldim, i, m)[..., :R].to(work)
-        ob = out.narrow(ldim, i, m)[..., :R]
-        cb = [c.narrow(ldim - (x.ndim - c.ndim), i, m) for c in coef]
-        if merge:
-            xf, ob, cb = xf.flatten(-2), ob.flatten(-2), [c.flatten(-2) for c in cb]
-        tmp = ob if ob.dtype == work else torch.empty(xf.shape, dtype=work, device=x.device)
-        _rotate_block(xf, cb, tmp)
-        if not bool(torch.isfinite(tmp.sum())):  # a cheap detector (a finite sum may overflow: harmless)
-            _confine(xf, cb, tmp)
-        if tmp is not ob:
-            ob.copy_(tmp)
-
-    # with several torch threads the blocks run concurrently, each single-threaded (same results)
-    run_blocks([lambda i=i: block(i, min(step, L - i)) for i in range(0, L, step)])
-    return out
-
-
-# (input component, weight index) of the three terms of each output component, as in _rotated_components
-_THIRDS_TERMS = (((0, 0), (1, 1), (2, 2)), ((1, 3), (2, 4), (0, 5)), ((2, 6), (1, 7), (0, 8)))
-
-
-def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
-    """Blocked eager ``channels="thirds"`` rotation of validated, gradient-free ``x`` with the nine
-    broadcast-ready weight planes: per block, three multiply-adds into each output third, written
-    straight into the output (float32 maths; bfloat16/float16 through one float32 block buffer)."""
-    work = _work_dtype(x)
-    R = 3 * n
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if R < x.shape[-1]:
         out[..., R:] = x[..., R:]
@@ -296,18 +258,52 @@ def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, se
     def block(i: int, m: int) -> None:
         xf = x.narrow(ldim, i, m)[..., :R].to(work)
         ob = out.narrow(ldim, i, m)[..., :R]
+        wb = [w.narrow(ldim - (x.ndim - w.ndim), i, m) for w in weights]
+        if merge:
+            xf, ob, wb = xf.flatten(-2), ob.flatten(-2), [w.flatten(-2) for w in wb]
         tmp = ob if ob.dtype == work else torch.empty(xf.shape, dtype=work, device=x.device)
-        v = xf.split(n, dim=-1)
-        w = [p.narrow(ldim - (x.ndim - p.ndim), i, m) for p in planes]
-        for c, o in enumerate(tmp.split(n, dim=-1)):
-            (a, wa), (b, wb), (d, wd) = _THIRDS_TERMS[c]
-            torch.mul(v[a], w[wa], out=o)
-            o.addcmul_(v[b], w[wb]).addcmul_(v[d], w[wd])
+        rotate(xf, wb, tmp)
         if tmp is not ob:
             ob.copy_(tmp)
 
     run_blocks([lambda i=i: block(i, min(step, L - i)) for i in range(0, L, step)])
     return out
+
+
+def _rotate_eager(x: torch.Tensor, coef: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
+    """Blocked eager rotation of validated, gradient-free ``x`` with broadcast-ready coefficient views.
+
+    Where a block's rows are contiguous and fully rotated (``D = 3n``, seq axis before channels), the
+    sequence and channel axes are merged so every multiply-add runs over one long contiguous range; the
+    zero coefficients at triple edges keep neighbouring rows and triples apart for finite input, and a
+    block with a non-finite result is recomputed inside its triples (:func:`_confine`).
+    """
+    R, D = 3 * n, x.shape[-1]
+
+    def rotate(xf, cb, tmp):
+        _rotate_block(xf, cb, tmp)
+        if not bool(torch.isfinite(tmp.sum())):  # a cheap detector (a finite sum may overflow: harmless)
+            _confine(xf, cb, tmp)
+
+    merge = seq_dim == -2 and R == D and x.stride(-1) == 1 and x.stride(-2) == D
+    return _run_blocked(x, coef, R, seq_dim, rotate, merge=merge)
+
+
+# (input component, weight index) of the three terms of each output component, as in _rotated_components
+_THIRDS_TERMS = (((0, 0), (1, 1), (2, 2)), ((1, 3), (2, 4), (0, 5)), ((2, 6), (1, 7), (0, 8)))
+
+
+def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, seq_dim: int) -> torch.Tensor:
+    """Blocked eager ``channels="thirds"`` rotation of validated, gradient-free ``x`` with the nine
+    broadcast-ready weight planes: per block, three multiply-adds into each output third."""
+    def rotate(xf, w, tmp):
+        v = xf.split(n, dim=-1)
+        for c, o in enumerate(tmp.split(n, dim=-1)):
+            (a, wa), (b, wb), (d, wd) = _THIRDS_TERMS[c]
+            torch.mul(v[a], w[wa], out=o)
+            o.addcmul_(v[b], w[wb]).addcmul_(v[d], w[wd])
+
+    return _run_blocked(x, planes, 3 * n, seq_dim, rotate)
 
 
 def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
