@@ -3,7 +3,9 @@ and the Triton kernel (run through Triton's CPU interpreter) agrees with both.""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import platform
+import warnings
 
 import pytest
 import torch
@@ -392,18 +394,97 @@ def test_automatic_choice_of_the_compiled_kernel(monkeypatch):
 
     def broken(*args):
         raise RuntimeError("no C++ compiler")
-    monkeypatch.setattr(fused, "_compiled", lambda n: broken)
+    monkeypatch.setattr(fused, "_compiled", lambda key: broken)
     q = q.detach()
     with pytest.warns(RuntimeWarning, match="compiled CPU rotary kernel failed.*no C\\+\\+ compiler"):
         out = apply_rotary_qk_fused(q, k, cos, sin)
     assert all(torch.equal(o, r) for o, r in zip(out, ref)) and fused._COMPILE_FAILED
-    import warnings as _w
-    with _w.catch_warnings():
-        _w.simplefilter("error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         apply_rotary_qk_fused(q, k, cos, sin)  # no second warning, no second attempt
     assert len(calls) == 2
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         apply_rotary_qk_fused(q, k, cos, sin, compiled=True)  # forced: the error is the caller's
+
+
+# 3 dtypes x 2 layouts x (full, partial) rotary widths x 2 pairings: far more variants than the 8
+# compilations Dynamo keeps for one code object, each checked against the eager bits and the brute force
+VARIANTS = [(dtype, seq_dim, D, rot, channels, cos_dims)
+            for dtype in (torch.float32, torch.bfloat16, torch.float64)
+            for seq_dim, cos_dims in ((-2, 2), (1, 3))
+            for D, rot, channels in ((12, 12, "half"), (16, 8, "interleaved"))]
+
+
+def _variant_inputs(dtype, seq_dim, D, rot, cos_dims, L=5):
+    return _inputs(dtype, channels_first=seq_dim == -2, Hk=2, L=L, D=D, rot=rot, cos_dims=cos_dims, seed=D + L)
+
+
+def test_compiled_kernel_serves_any_number_of_variants(monkeypatch):
+    """compiled=True keeps working however many dtypes, widths, pairings and layouts one process uses
+    (it used to raise FailOnRecompileLimitHit at about the ninth), with the reference's bits each time."""
+    def no_eager(*args, **kwargs):
+        raise AssertionError("compiled=True must not fall back to the eager blocks")
+    monkeypatch.setattr(fused, "_rotate_eager", no_eager)
+    assert len(VARIANTS) >= 12
+    for L in (5, 6):  # a second size per variant: its recompilation counts against the same limit
+        for dtype, seq_dim, D, rot, channels, cos_dims in VARIANTS:
+            q, k, cos, sin = _variant_inputs(dtype, seq_dim, D, rot, cos_dims, L=L)
+            out = apply_rotary_qk_fused(q, k, cos, sin, channels=channels, seq_dim=seq_dim, compiled=True)
+            ref = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+            tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1.6e-2}[dtype]
+            for o, r, x in zip(out, ref, (q, k)):
+                assert o.dtype == dtype and torch.equal(o, r), (dtype, seq_dim, D, rot, channels, L)
+                torch.testing.assert_close(o.double(), _brute_force(x, cos, sin, channels, seq_dim),
+                                           rtol=tol, atol=tol * 4)
+
+
+def test_compiled_kernel_recovers_from_the_recompile_limit():
+    """Sizes of one variant changing in more ways than Dynamo recompiles (here a limit of 1) give that
+    variant a fresh compiled copy instead of an error."""
+    # config.patch, not monkeypatch: undoing a monkeypatch on torch's config module deletes the option
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for L in (3, 4, 7):
+            q, k, cos, sin = _variant_inputs(torch.float32, -2, 10, 10, 2, L=L)
+            out = apply_rotary_qk_fused(q, k, cos, sin, compiled=True)
+            assert all(torch.equal(o, r) for o, r in zip(out, apply_rotary_qk(q, k, cos, sin)))
+
+
+class _WarningRecords(logging.Handler):
+    """Collects the warnings torch's loggers emit (they print to stderr and do not propagate to the root)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_automatic_compiled_path_stays_quiet_across_variants(monkeypatch, capfd):
+    """compiled=None over many variants: every call compiled, no Python warning, no Dynamo recompile
+    warning on stderr (the shared compiled body used to hit the recompile limit and log on every call)."""
+    monkeypatch.setattr(fused, "_COMPILED_MIN_ELEMS", 1)
+    monkeypatch.setattr(fused, "_COMPILE_FAILED", False)
+    monkeypatch.setattr(fused, "_rotate_eager", lambda *a, **kw: pytest.fail("the automatic path ran eagerly"))
+    records = _WarningRecords()
+    loggers = [logging.getLogger(name) for name in ("torch", "torch._dynamo", "torch._inductor")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch's own, on first compile
+            for dtype, seq_dim, D, rot, channels, cos_dims in VARIANTS:
+                q, k, cos, sin = _variant_inputs(dtype, seq_dim, D, rot, cos_dims, L=7)
+                out = apply_rotary_fused(q, cos, sin, channels=channels, seq_dim=seq_dim)
+                assert torch.equal(out, apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)[0])
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in records.records] == []
+    assert "recompile" not in capfd.readouterr().err
+    assert not fused._COMPILE_FAILED
 
 
 def test_compiled_argument_is_checked():

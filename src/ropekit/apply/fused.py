@@ -23,7 +23,9 @@ variable ``ROPEKIT_COMPILE=0`` turns the automatic compiled path off process-wid
 """
 from __future__ import annotations
 
+import itertools
 import os
+import types
 import warnings
 
 import torch
@@ -157,7 +159,8 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels:
 
 # Calls with at least this many elements of q and k together take the compiled CPU kernel by default.
 _COMPILED_MIN_ELEMS = 1 << 22
-_compiled_fns: dict = {}
+_compiled_fns: dict = {}  # variant key (:func:`_variant_key`) -> the body compiled for that variant
+_copy_tags = itertools.count()
 _COMPILE_FAILED = False
 
 
@@ -176,13 +179,55 @@ def _rotate_one_body(x, cos, sin, channels: str, seq_dim: int, rot: int):
     return rotate_functional(x, _broadcast(cos, x, seq_dim), _broadcast(sin, x, seq_dim), channels, rot)
 
 
-def _compiled(n: int):
-    """The compiled body for ``n`` tensors (1 or 2), built on first use."""
-    fn = _compiled_fns.get(n)
-    if fn is None:
-        fn = _compiled_fns[n] = torch.compile(_rotate_qk_body if n == 2 else _rotate_one_body,
-                                              fullgraph=True)
+def _tensor_key(t: torch.Tensor) -> tuple:
+    """What a compiled graph fixes about one input besides its sizes: dtype, rank (each size read as 0, 1
+    or more, since Dynamo specializes sizes 0 and 1), last dim (the rotary width is compared with it),
+    contiguity."""
+    return t.dtype, tuple(min(n, 2) for n in t.shape), t.shape[-1], t.is_contiguous()
+
+
+def _variant_key(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int) -> tuple:
+    """The variant of a call: calls with the same key differ only in sizes, which one compiled body absorbs
+    (automatic dynamic shapes: static first, symbolic sizes after the first change)."""
+    return (len(xs), channels, seq_dim, rot, *(_tensor_key(t) for t in (*xs, cos, sin)))
+
+
+def _own_copy(fn):
+    """``fn`` with its own code object (named ``fn__v<N>``).
+
+    Dynamo keeps compiled graphs per code object and refuses more than ``recompile_limit`` (8) of them
+    (with ``fullgraph=True`` it raises ``FailOnRecompileLimitHit``); it also pools its automatic-dynamic
+    observations by function name. A copy per variant gives each variant its own budget and its own
+    observations, without touching torch's process-wide settings."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__v{next(_copy_tags)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def _compiled(key: tuple, fresh: bool = False):
+    """The body compiled for the variant ``key`` (:func:`_variant_key`), built on first use; ``fresh``
+    replaces a body whose variant hit Dynamo's recompile limit all the same."""
+    fn = _compiled_fns.get(key)
+    if fn is None or fresh:
+        body = _rotate_qk_body if key[0] == 2 else _rotate_one_body
+        fn = _compiled_fns[key] = torch.compile(_own_copy(body), fullgraph=True)
     return fn
+
+
+def _hit_recompile_limit(err: Exception) -> bool:
+    """Dynamo refused to compile a body once more (``FailOnRecompileLimitHit`` and its older names)."""
+    name = type(err).__name__.lower()
+    return "recompile" in name or "limit" in name
+
+
+def _call_compiled(key: tuple, args: tuple):
+    """Run the variant's compiled body. A body that hit the recompile limit all the same (the variant's
+    sizes changed in more ways than Dynamo recompiles one body) is replaced by a fresh copy, once."""
+    try:
+        return _compiled(key)(*args)
+    except Exception as err:  # noqa: BLE001 - only the recompile limit is retried
+        if not _hit_recompile_limit(err):
+            raise
+    return _compiled(key, fresh=True)(*args)
 
 
 def _plain(t: torch.Tensor) -> bool:
@@ -224,13 +269,14 @@ def _apply_compiled(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: s
     check_finite(cos, "cos", work)
     check_finite(sin, "sin", work)
     try:
-        out = _compiled(len(xs))(*xs, cos, sin, channels, seq_dim, rot)
-    except Exception as err:  # noqa: BLE001 - no compiler, a recompile limit, ...: the eager path still works
+        key = _variant_key(xs, cos, sin, channels, seq_dim, rot)
+        out = _call_compiled(key, (*xs, cos, sin, channels, seq_dim, rot))
+    except Exception as err:  # noqa: BLE001 - no compiler, an input it cannot trace, ...: the eager path still works
         if forced:
             raise
-        if "recompile" in type(err).__name__.lower() or isinstance(err, torch._dynamo.exc.Unsupported):
-            # something about this call (more variants than torch.compile keeps, an input it cannot
-            # trace), not the machine: this call runs eagerly, the next large one tries again
+        if _hit_recompile_limit(err) or isinstance(err, torch._dynamo.exc.Unsupported):
+            # something about this call (an input Dynamo cannot trace, a recompile limit set below what one
+            # variant needs), not the machine: this call runs eagerly, the next large one tries again
             return None
         if not _COMPILE_FAILED:
             warnings.warn(f"ropekit: the compiled CPU rotary kernel failed ({type(err).__name__}: "
