@@ -76,16 +76,24 @@ def _option(text: str) -> tuple[str, object]:
     return key.strip(), val
 
 
+def _name_list(text: str, option: str = "--designs") -> list[str]:
+    """``a,b,c`` as a list of names; an empty list, or an empty name (``a,,b``, ``a,``), raises naming ``option``."""
+    names = [t.strip() for t in text.split(",")]
+    if not any(names):
+        raise ValueError(f"`{option}` is empty; give comma-separated names, e.g. {option} circle,mrope")
+    if not all(names):
+        raise ValueError(f"`{option}` {text!r} holds an empty name (two commas in a row, or a comma at an end); "
+                         f"give comma-separated names, e.g. {option} circle,mrope")
+    return names
+
+
 def _design_list(text: "str | None") -> "list[str] | None":
-    """``--designs a,b,c`` as a list of registered names (None = every design); unknown names raise."""
+    """``--designs a,b,c`` as a list of registered names (None = every design); unknown or empty names raise."""
     from .designs import get_design
 
     if text is None:
         return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names:
-        raise ValueError("`--designs` is empty; give comma-separated names, e.g. --designs circle,mrope")
-    return [get_design(n).name for n in names]
+    return [get_design(n).name for n in _name_list(text)]
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -93,6 +101,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
     chosen = _design_list(args.designs)
+    if args.experiments is not None:  # checked before the sections run, not after
+        from .report.experiments import find_results
+
+        find_results(args.experiments, what="`--experiments`")
     layout = None
     if args.layout is not None:
         lay = Layout.parse(args.layout)
@@ -269,7 +281,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
             for c in exp.claims:
                 print(f"  claim {c.id} ({c.source}): {c.text}")
         return 0
-    designs = [d.strip() for d in args.designs.split(",") if d.strip()] if args.designs else None
+    designs = _name_list(args.designs) if args.designs is not None else None
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -294,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'")
     r.add_argument("--designs", default=None,
                    help="comma-separated designs to show, e.g. circle,mrope,vrope (default: every design)")
-    r.add_argument("--experiments", default=None,
-                   help="folder of `ropekit experiment` results to add (figures, verdicts)")
+    r.add_argument("--experiments", default=None, metavar="DIR",
+                   help="folder of `ropekit experiment` results to add (figures, verdicts): the DIR of "
+                        "`ropekit experiment NAME --out DIR`")
     r.set_defaults(func=_cmd_report)
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")

@@ -3,8 +3,9 @@
 Files written under ``out/<experiment>/``: ``runs.jsonl`` (one line per finished run: config, metrics,
 wall time, versions), ``aggregate.json`` (per design and metric the mean and t-interval over seeds,
 plus a verdict per paper claim) and ``ckpt/`` (checkpoints of unfinished runs; a rerun resumes them
-and skips finished runs). Under ``torchrun`` every rank trains its share of each global batch and rank
-0 writes the files.
+and skips finished runs; a last line of ``runs.jsonl`` cut off by a killed run is removed, with a
+warning, and its run trained again). Under ``torchrun`` every rank trains its share of each global
+batch and rank 0 writes the files.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from .registry import get
 from .stats import mean_interval, paired_verdict
 from .train import TrainConfig, dist_info, train
 
-__all__ = ["run_experiment", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table", "init_distributed"]
+__all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
+           "init_distributed"]
 
 PRESETS = ("micro", "quick", "full")
 
@@ -51,9 +53,18 @@ def _versions() -> dict:
 
 
 def _bar(label: str) -> Callable[[int, int, float], None]:
+    """Training progress on stderr: a bar redrawn in place on a terminal, else a plain line every tenth of the
+    run (a CI log or a file gets no ``\\r``)."""
+    from ..report.build import _is_terminal
+
     t0 = time.time()
 
     def show(i: int, n: int, loss: float) -> None:
+        if not _is_terminal(sys.stderr):
+            if i == n or i % max(1, n // 10) == 0:
+                sys.stderr.write(f"  {label}: step {i}/{n} loss {loss:.3f} {time.time() - t0:.1f}s\n")
+                sys.stderr.flush()
+            return
         if i != n and i % max(1, n // 50):
             return
         done = int(24 * i / n)
@@ -71,16 +82,94 @@ def _comparable(cfg: dict) -> dict:
     return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "ckpt_every"}}
 
 
-def _done_runs(path: Path, preset: str, cfg: dict) -> dict:
-    """Finished runs of this preset *and configuration* (a changed preset runs again, never mixes)."""
+_RUN_KEYS = ("preset", "design", "seed", "config")
+
+
+def _rerun(path: Path) -> str:
+    """The command that trains again the runs missing from ``path`` (written as ``DIR/NAME/runs.jsonl``)."""
+    if path.name == "runs.jsonl":
+        return f"`ropekit experiment {path.parent.name} --out {path.parent.parent}` with the same options"
+    return "`ropekit experiment NAME --out DIR` with the same options (DIR/NAME holding this file)"
+
+
+def _scan_runs(path: Path) -> tuple[list[dict], int, bytes, "tuple[int, str] | None"]:
+    """``(records, end, rest, damaged)`` of a ``runs.jsonl``: its whole records, the byte offset just past the
+    last of them, the bytes after that, and ``(line number, reason)`` of a damaged last line (None when there
+    is none). A damaged line with records after it raises a ``ValueError`` naming the file and the line."""
+    data = path.read_bytes()
+    records, end, bad, start = [], 0, None, 0
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        stop, start = start + len(raw), start + len(raw) + 1
+        if not raw.strip():
+            continue
+        if bad is not None:  # whole lines follow the damaged one: no crash cut it off
+            raise ValueError(f"'{path}' line {bad[0]} is damaged ({bad[1]}) and is not the last line, so it is "
+                             f"not a run cut off by a crash; repair or delete line {bad[0]} (a deleted run is "
+                             f"trained again by the next {_rerun(path)})")
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as error:
+            bad = (number, f"{error.msg}: column {error.colno}")
+            continue
+        except ValueError as error:  # bytes that are not UTF-8
+            bad = (number, str(error))
+            continue
+        if not isinstance(rec, dict) or any(k not in rec for k in _RUN_KEYS):
+            bad = (number, f"not a run record with {', '.join(_RUN_KEYS)}")
+            continue
+        records.append(rec)
+        end = stop
+    return records, end, data[end:], bad
+
+
+def _warn(message: str) -> None:
+    print("ropekit: warning: " + " ".join(message.split()), file=sys.stderr)
+
+
+def read_runs(path: "str | Path", *, warn: bool = True) -> list[dict]:
+    """The run records of a ``runs.jsonl``, in file order.
+
+    A damaged *last* line (the record of a run killed while writing it) is skipped, with a warning on stderr
+    naming the file and the line: that run counts as unfinished, and the next ``ropekit experiment NAME
+    --out DIR`` of this folder trains it again. A damaged line before the last raises a ``ValueError``
+    naming both.
+    """
+    path = Path(path)
+    records, _, _, damaged = _scan_runs(path)
+    if damaged is not None and warn:
+        _warn(f"'{path}' line {damaged[0]} is cut off ({damaged[1]}), as when a run is killed while writing its "
+              f"record; skipped it. That run counts as unfinished: the next {_rerun(path)} trains it again")
+    return records
+
+
+def _repair_runs(path: Path) -> list[dict]:
+    """:func:`read_runs` for the runner, which appends to the file next: a cut-off last line is removed (else
+    the next record would be glued onto it), with a warning, and the last record ends with a newline."""
+    records, end, rest, damaged = _scan_runs(path)
+    if damaged is not None:
+        _warn(f"'{path}' line {damaged[0]} is cut off ({damaged[1]}), as when a run is killed while writing its "
+              "record; removed it. The run it held counts as unfinished, so it is trained again (now, if this "
+              "command includes it)")
+    if rest != (b"\n" if end else b""):
+        with path.open("r+b") as f:
+            f.truncate(end)
+            if end:
+                f.seek(end)
+                f.write(b"\n")
+    return records
+
+
+def _done_runs(path: Path, preset: str, cfg: dict, *, repair: bool = False, warn: bool = True) -> dict:
+    """Finished runs of this preset *and configuration* (a changed preset runs again, never mixes).
+
+    A cut-off last line is skipped (see :func:`read_runs`); ``repair`` (for the one process that appends to
+    the file) also removes it from the file."""
     if not path.exists():
         return {}
     runs = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r["preset"] == preset and _comparable(r["config"]) == _comparable(cfg):
-                runs[(r["design"], r["seed"])] = r
+    for r in (_repair_runs(path) if repair else read_runs(path, warn=warn)):
+        if r["preset"] == preset and _comparable(r["config"]) == _comparable(cfg):
+            runs[(r["design"], r["seed"])] = r
     return runs
 
 
@@ -134,7 +223,7 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     folder = Path(out) / name
     (folder / "ckpt").mkdir(parents=True, exist_ok=True)
     runs_path = folder / "runs.jsonl"
-    done = _done_runs(runs_path, preset, cfg)
+    done = _done_runs(runs_path, preset, cfg, repair=rank == 0, warn=False)  # rank 0 writes the file and warns
     for design in chosen:
         for seed in range(n_seeds):
             if (design, seed) in done:

@@ -1,4 +1,5 @@
-"""Assemble report sections into ``index.html`` and ``metrics.json``, with a progress bar."""
+"""Assemble report sections into ``index.html`` and ``metrics.json``, with progress on stderr (a bar on a
+terminal, one line per section otherwise)."""
 from __future__ import annotations
 
 import html
@@ -28,7 +29,21 @@ th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}
 """
 
 
-def _progress(i: int, n: int, label: str, t0: float, stream=sys.stderr) -> None:
+def _is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (a bar redrawn with ``\\r``), not a pipe, file or CI log (plain lines)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+def _progress(i: int, n: int, label: str, t0: float, stream=None) -> None:
+    """Step ``i`` of ``n`` on stderr: a bar redrawn in place on a terminal, else one plain line per step."""
+    stream = sys.stderr if stream is None else stream  # looked up per call: sys.stderr may be replaced
+    if not _is_terminal(stream):
+        stream.write(f"[{i}/{n}] {label} {time.time() - t0:.1f}s\n")
+        stream.flush()
+        return
     width = 28
     done = int(width * i / n)
     bar = "#" * done + "-" * (width - done)
@@ -51,23 +66,30 @@ def build_report(out_dir: "str | Path" = "report", *, progress: bool = True, lay
     sections do not depend on either. ``experiments``: a folder of ``ropekit experiment`` results,
     added as a last section.
     """
+    if experiments is not None:  # a wrong folder fails now, not after every other section has run
+        from .experiments import find_results
+
+        find_results(experiments)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     parts, metrics = [], {}
+    steps = len(SECTIONS) + (experiments is not None)
     for i, (mod, fn) in enumerate(SECTIONS):
         if progress:
-            _progress(i, len(SECTIONS), f"{mod.rsplit('.', 1)[-1]}.{fn}", t0)
+            _progress(i, steps, f"{mod.rsplit('.', 1)[-1]}.{fn}", t0)
         sec = _load(mod, fn)(out, layout=layout, designs=designs)
         key = f"{mod.rsplit('.', 1)[-1]}.{fn}".replace(".section", "")
         metrics[key] = sec.get("metrics", {})
         parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
     if experiments is not None:
+        if progress:
+            _progress(len(SECTIONS), steps, "experiments.experiments_section", t0)
         sec = _load("ropekit.report.experiments", "experiments_section")(out, experiments)
         metrics["experiments"] = sec["metrics"]
         parts.append(f"<h2>{html.escape(sec['title'])}</h2>\n{sec['html']}")
     if progress:
-        _progress(len(SECTIONS), len(SECTIONS), "done", t0)
+        _progress(steps, steps, "done", t0)
     from .. import __version__
     import torch
 

@@ -1,7 +1,8 @@
 """Report section for trained-model experiments: heat maps, curves with interval bands, verdicts.
 
 Reads every ``<dir>/<experiment>/aggregate.json`` written by ``ropekit experiment``, and every stored
-aggregate ``<dir>/experiments-<name>-<preset>.json`` (as kept in ``docs/results/``); nothing is run here.
+aggregate ``<dir>/experiments-<name>-<preset>.json`` (as kept in ``docs/results/``); nothing is run here,
+and a folder holding neither is an error (:func:`find_results`).
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._html import table  # noqa: E402
 
-__all__ = ["experiments_section", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars", "plot_lambda_sweep",
-           "lambda_series", "PANEL_ABOVE"]
+__all__ = ["experiments_section", "find_results", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars",
+           "plot_lambda_sweep", "lambda_series", "PANEL_ABOVE"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -252,19 +253,53 @@ def _verdicts(agg: dict) -> str:
     return table(["id", "claim", "paper", "metric", "means", "advantage (95 % CI)", "verdict"], rows)
 
 
+_VALID = ("give the folder that `ropekit experiment NAME --out DIR` wrote, i.e. DIR, which holds "
+          "NAME/aggregate.json (or a folder of stored experiments-NAME-PRESET.json aggregates, such as docs/results)")
+
+
+def find_results(experiments_dir: "str | Path", what: str = "experiments folder") -> list[Path]:
+    """The aggregates under ``experiments_dir``: ``*/aggregate.json``, then ``experiments-*.json``.
+
+    A ``ValueError`` naming ``what`` and the path when that is no folder or holds no results, saying what a
+    valid folder looks like (and, for a finished run's own folder or an unfinished run, what to give instead).
+    """
+    if not str(experiments_dir).strip():
+        raise ValueError(f"{what} is empty; {_VALID}")
+    folder = Path(experiments_dir)
+    if not folder.is_dir():
+        problem = "does not exist" if not folder.exists() else "is not a folder"
+        raise ValueError(f"{what} '{folder}' {problem}; {_VALID}")
+    found = sorted(folder.glob("*/aggregate.json")) + sorted(folder.glob("experiments-*.json"))
+    if found:
+        return found
+    if (folder / "aggregate.json").is_file():
+        hint = f"it is one experiment's own folder (it holds aggregate.json): give its parent '{folder.parent}'"
+    elif any(folder.glob("*/runs.jsonl")):
+        names = ", ".join(sorted(f.parent.name for f in folder.glob("*/runs.jsonl")))
+        hint = (f"it holds runs.jsonl of unfinished experiments ({names}) but no aggregate.json: rerun "
+                f"`ropekit experiment NAME --out {folder}` with the options it was started with to finish them")
+    else:
+        hint = _VALID
+    raise ValueError(f"{what} '{folder}' holds no experiment results; {hint}")
+
+
+def _read_aggregate(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as error:  # JSONDecodeError, or bytes that are not text
+        raise ValueError(f"'{path}' is not a readable aggregate ({error}); rerunning the `ropekit experiment` "
+                         "that wrote it (same options and --out) writes it anew without training finished runs "
+                         "again") from None
+
+
 def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
-    """The HTML of every experiment found under ``experiments_dir`` (figures written into ``out``)."""
+    """The HTML of every experiment found under ``experiments_dir`` (figures written into ``out``); a
+    ``ValueError`` when it holds none (see :func:`find_results`)."""
     from ..experiments.registry import get
 
-    folder = Path(experiments_dir)
-    found = sorted(folder.glob("*/aggregate.json")) + sorted(folder.glob("experiments-*.json"))
-    if not found:
-        return {"title": "Experiments", "html": f"<p>No <code>aggregate.json</code> under "
-                f"<code>{html.escape(str(experiments_dir))}</code>; run <code>ropekit experiment NAME</code>.</p>",
-                "metrics": {}}
     parts, metrics = [], {}
-    for f in found:
-        agg = json.loads(f.read_text())
+    for f in find_results(experiments_dir):
+        agg = _read_aggregate(f)
         name = agg["experiment"]
         figs = get(name).figures
         # two aggregates of one experiment (e.g. a default run and a sweep) must not share figure files
