@@ -5,14 +5,18 @@ holds the module it sits on, what that attribute was before and the shared patch
 else: ``copy.deepcopy`` and ``pickle`` copy it along with the model, so a copy's hooks run the copy's
 modules and read the copy's state, and :func:`remove` on the copy restores the copy's own methods.
 
-Four attributes are hooked: the bare model's ``compute_3d_position_ids`` (positions), the text model's
-``rotary_emb.forward`` (cos/sin per geometry), each decoder layer's ``forward`` (its geometry's cos/sin)
-and, on the generation class, ``_prepare_position_ids_for_generation`` (so ``generate`` lets the model
-place its tokens itself).
+Hooked: the bare model's ``compute_3d_position_ids`` (positions; ``forward`` on 1-D families) and
+``get_rope_index`` (the design's positions when called directly), the text model's ``rotary_emb.forward``
+(cos/sin per geometry), each decoder layer's ``forward`` (its geometry's cos/sin) and, on the generation
+class, ``_prepare_position_ids_for_generation`` (so ``generate`` lets the model place its tokens itself).
+
+Each hook function comes with a :class:`~ropekit.hf.boundary.Contract`: the parameters it handles of the
+method it replaces. :func:`install` checks it against the installed transformers (refusing what it does
+not know) and hooks read their arguments through :meth:`Hook.bind`, by the installed signature's names.
 """
 from __future__ import annotations
 
-import inspect
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,21 +25,32 @@ from torch import nn
 from ..apply.planar import cos_sin
 from ..rotations.planar import angles
 from . import state as st
+from .boundary import CACHE_NAMES, Contract, cache_of
 
 _MISSING = "<missing>"  # a picklable marker: the attribute was not set on the instance before
 
 
 class Hook:
-    """``owner.<name>`` replaced by ``fn(hook, *args, **kwargs)``; ``fn`` is a module-level function."""
+    """``owner.<name>`` replaced by ``fn(hook, *args, **kwargs)``; ``fn`` is a module-level function.
 
-    def __init__(self, owner: nn.Module, name: str, fn: Callable, state: st._State, **data: Any):
-        self.owner, self.name, self.fn, self.state = owner, name, fn, state
+    ``names`` are the replaced method's parameters in the installed transformers (checked against the
+    hook's ``contract`` when installed), so :meth:`bind` can name positional arguments.
+    """
+
+    def __init__(self, owner: nn.Module, name: str, fn: Callable, state: st._State, contract: Contract,
+                 **data: Any):
+        self.owner, self.name, self.fn, self.state, self.contract = owner, name, fn, state, contract
+        self.names = contract.check(type(owner), name)
         previous = owner.__dict__.get(name, _MISSING)
         self.previous = previous.previous if isinstance(previous, Hook) else previous  # never chain patches
         self.__dict__.update(data)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(self, *args, **kwargs)
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """This call's arguments by parameter name (refusing a keyword outside the contract)."""
+        return self.contract.bind(f"{type(self.owner).__name__}.{self.name}", self.names, args, kwargs)
 
     def call_previous(self, *args: Any, **kwargs: Any) -> Any:
         """What the attribute did before the patch (the class method unless one was set on the instance)."""
@@ -44,8 +59,12 @@ class Hook:
         return self.previous(*args, **kwargs)
 
 
-def install(owner: nn.Module, name: str, fn: Callable, state: st._State, **data: Any) -> None:
-    owner.__dict__[name] = Hook(owner, name, fn, state, **data)
+def install(owner: nn.Module, name: str, fn: Callable, state: Optional[st._State], *,
+            contract: Optional[Contract] = None, **data: Any) -> None:
+    """Set ``owner.<name>`` to a :class:`Hook` running ``fn`` under ``contract`` (default ``CONTRACTS[fn]``);
+    refuses (:class:`~ropekit.hf.boundary.UnsupportedTransformersError`) an installed method the contract
+    does not cover."""
+    owner.__dict__[name] = Hook(owner, name, fn, state, CONTRACTS[fn] if contract is None else contract, **data)
 
 
 def remove(owner: Optional[nn.Module], name: str) -> None:
@@ -84,37 +103,43 @@ def _cache_length(cache: Any) -> tuple[bool, Any]:
     return n > 0, n
 
 
-def compute_3d_position_ids(
-    hook: Hook, input_ids=None, inputs_embeds=None, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
-    past_key_values=None, mm_token_type_ids=None, second_per_grid_ts=None, **_: Any,
-):
+def compute_3d_position_ids(hook: Hook, *args: Any, **kwargs: Any):
     """ropekit replacement: stores every geometry's positions for the rotary hook; returns None."""
+    given = hook.bind(args, kwargs)
+    _place_forward(hook, given.get("input_ids"), given.get("inputs_embeds"), given.get("image_grid_thw"),
+                   given.get("video_grid_thw"), given.get("attention_mask"), cache_of(given),
+                   given.get("mm_token_type_ids"), given.get("second_per_grid_ts"))
+    return None
+
+
+def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_grid_thw, attention_mask, cache,
+                   mm_token_type_ids, second_per_grid_ts) -> None:
+    """Every geometry's positions for this forward's tokens (a prompt, or new tokens after ``cache``)."""
     state = hook.state
     state.pending = None
     ref = inputs_embeds if inputs_embeds is not None else input_ids
     batch, length = ref.shape[:2]
-    cached, past = _cache_length(past_key_values)
+    cached, past = _cache_length(cache)
     mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 else None
     has_grids = image_grid_thw is not None or video_grid_thw is not None
     if not cached:
         mask_4d = attention_mask is not None and mask is None  # generate's 4-D mask (or a dict of them)
         _prefill_forward(hook, input_ids, mm_token_type_ids, (image_grid_thw, video_grid_thw, second_per_grid_ts),
                          mask, mask_4d, batch, length, ref.device)
+        return
+    state.stash = None
+    if has_grids and mm_token_type_ids is None and input_ids is None:
+        _grids_without_types()
+    if mm_token_type_ids is None and input_ids is not None:
+        new = st.vision_in_ids(state, input_ids[:, -length:])
+    elif mm_token_type_ids is not None:
+        new = st.token_types(state, None, mm_token_type_ids, batch, length, ref.device)
     else:
-        state.stash = None
-        if has_grids and mm_token_type_ids is None and input_ids is None:
-            _grids_without_types()
-        if mm_token_type_ids is None and input_ids is not None:
-            new = st.vision_in_ids(state, input_ids[:, -length:])
-        elif mm_token_type_ids is not None:
-            new = st.token_types(state, None, mm_token_type_ids, batch, length, ref.device)
-        else:
-            new = _types_from_embeddings(hook, inputs_embeds)
-        st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
-        if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
-            mask = None  # not a mask over cache + new tokens
-        st.decode(state, mask, past, batch, length, ref.device)
-    return None
+        new = _types_from_embeddings(hook, inputs_embeds)
+    st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
+    if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
+        mask = None  # not a mask over cache + new tokens
+    st.decode(state, mask, past, batch, length, ref.device)
 
 
 def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Tensor:
@@ -160,8 +185,7 @@ def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
     are honoured as given (no placement this forward), except plain text positions with images under a
     design that is not ``vanilla`` (:func:`_refuse_text_positions`).
     """
-    given = inspect.signature(type(hook.owner).forward).bind_partial(hook.owner, *args, **kwargs).arguments
-    given.update(given.pop("kwargs", {}))
+    given = hook.bind(args, kwargs)
     state = hook.state
     if given.get("position_ids") is not None:
         state.pending = None
@@ -169,9 +193,7 @@ def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
         return hook.call_previous(*args, **kwargs)
     ref, types, grids, videos = _lm_vision_inputs(hook, given)
     # with the token types given, only the shape and device of `inputs_embeds` are read
-    compute_3d_position_ids(hook, inputs_embeds=ref, image_grid_thw=grids, video_grid_thw=videos,
-                            attention_mask=given.get("attention_mask"),
-                            past_key_values=given.get("past_key_values"), mm_token_type_ids=types)
+    _place_forward(hook, None, ref, grids, videos, given.get("attention_mask"), cache_of(given), types, None)
     return hook.call_previous(*args, **kwargs)
 
 
@@ -195,7 +217,7 @@ def _refuse_text_positions(hook: Hook, given: dict) -> None:
     state = hook.state
     if all(geo.design == "vanilla" for geo in state.geometries.values()):
         return
-    if _cache_length(given.get("past_key_values"))[0]:
+    if _cache_length(cache_of(given))[0]:
         return
     pos = given["position_ids"]
     pos = pos[None] if pos.ndim == 1 else pos
@@ -221,21 +243,23 @@ def _refuse_text_positions(hook: Hook, given: dict) -> None:
         )
 
 
-def no_generation_position_ids(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
+def no_generation_position_ids(hook: Hook, *args: Any, **kwargs: Any) -> None:
     """1-D families: ``generate`` passes no position ids, so the patched forward places every token itself."""
     return None
 
 
-def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor, model_kwargs: dict) -> None:
+def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -> None:
     """Place the prompt while ``generate`` still holds the grids; the model places every later token.
 
     Returning None keeps ``generate`` from passing (and extending) position ids of its own. Like
     transformers, this sets the bare model's ``rope_deltas``; it also hands ``generate`` the token types,
     so that tokens it generates are text by declaration, whatever their id.
     """
+    given = hook.bind(args, kwargs)
+    inputs_tensor, model_kwargs = given["inputs_tensor"], given["model_kwargs"]
     state = hook.state
     state.stash = None
-    cached, _ = _cache_length(model_kwargs.get("past_key_values"))
+    cached, _ = _cache_length(cache_of(model_kwargs))
     if cached:
         return None
     input_ids = model_kwargs.get("input_ids")
@@ -259,6 +283,43 @@ def prepare_position_ids_for_generation(hook: Hook, inputs_tensor: torch.Tensor,
         model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
     state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
     return None
+
+
+def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_rope_index`` of a patched model: the design's positions ``(3, B, L)`` and ``rope_deltas (B, 1)``,
+    in transformers' conventions (padding at 0; integer tensors when every position is a whole number).
+
+    Refused where one position tensor cannot stand for the patch: layers with different geometries (AGE),
+    and the call an unpatched ``generate`` around a patched bare model makes (it would pass these positions
+    on and extend them with stock rules).
+    """
+    if sys._getframe(2).f_code.co_name == "_prepare_position_ids_for_generation":  # caller ← Hook.__call__ ← here
+        raise ValueError(
+            f"patched model: {type(hook.owner).__name__}.get_rope_index was called by the generate of an unpatched "
+            f"...ForConditionalGeneration around a bare model patched by ropekit; it would extend the positions "
+            f"by stock rules while decoding. Patch the generation model itself: patch_model(model), not "
+            f"patch_model(model.model)"
+        )
+    given = hook.bind(args, kwargs)
+    state = hook.state
+    if len(state.geometries) > 1:
+        raise ValueError(
+            f"patched model: get_rope_index cannot describe this patch: its layers use {len(state.geometries)} "
+            f"geometries ({', '.join(state.geometries)}; an AGE schedule), each with positions of its own. Run a "
+            f"forward and read ropekit.hf.last_positions(model), or ropekit.index.rope_index(..., design=NAME)"
+        )
+    input_ids = given["input_ids"]
+    batch, length = input_ids.shape[:2]
+    types = st.token_types(state, input_ids, given.get("mm_token_type_ids"), batch, length, input_ids.device).cpu()
+    mask = given.get("attention_mask")
+    mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    grids = (given.get("image_grid_thw"), given.get("video_grid_thw"), given.get("second_per_grid_ts"))
+    if (grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None:
+        _grids_without_types()
+    pos, deltas = st.index(state, types, grids, mask, input_ids.device)
+    if bool((pos == pos.round()).all()):
+        pos = pos.to(input_ids.dtype)
+    return pos, deltas
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,13 +377,15 @@ def _continuation_tables(state: st._State, name: str, device) -> tuple[torch.Ten
     return cached[1], cached[2]
 
 
-def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _Embeddings:
+def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
     """cos/sin of every geometry, once per forward (angles in float32).
 
     Geometries with fixed frequencies evaluate a prompt's cos/sin together with its continuation table's,
     and a decoding step that continues the prompt's text run (``state.run``) slices the latter
     (:func:`_continuation_tables`).
     """
+    given = hook.bind(args, kwargs)
+    x, position_ids = given["x"], given.get("position_ids")
     state = hook.state
     batch, length = x.shape[0], x.shape[1]
     pending, state.pending = state.pending, None
@@ -351,8 +414,60 @@ def rotary_forward(hook: Hook, x: torch.Tensor, position_ids: torch.Tensor) -> _
 
 def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     """Run the layer with the cos/sin of its own geometry."""
-    emb = kwargs.get("position_embeddings")
+    at = hook.names.index("position_embeddings")
+    emb = kwargs.get("position_embeddings") if len(args) <= at else args[at]
     if isinstance(emb, _Embeddings):
-        kwargs["position_embeddings"] = emb.geoms[hook.geometry]
+        own = emb.geoms[hook.geometry]
+        if len(args) > at:
+            args = args[:at] + (own,) + args[at + 1:]
+        else:
+            kwargs["position_embeddings"] = own
         hook.state.last[hook.index] = emb.positions[hook.geometry]
     return hook.call_previous(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# what each hook handles of the method it replaces (checked at patch time: boundary.Contract)
+
+_CACHE = frozenset(CACHE_NAMES)
+_GRIDS = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids"})
+#: a multimodal forward's arguments (bare and generation model): what generate's model kwargs may hold
+MULTIMODAL_FORWARD = Contract(
+    frozenset({"input_ids", "attention_mask", "position_ids", "inputs_embeds", "labels", "use_cache", "pixel_values",
+               "pixel_values_videos", "logits_to_keep", "mm_encoder_outputs", "rope_deltas", "cache_position",
+               "output_attentions", "output_hidden_states", "return_dict"}) | _CACHE | _GRIDS,
+    required=(("input_ids",), ("attention_mask",), ("position_ids",), CACHE_NAMES), var_keyword=True,
+)
+#: a 1-D family's (LLaVA) forward, which the patch hooks to place the tokens
+LM_FORWARD = Contract(
+    frozenset({"input_ids", "pixel_values", "image_sizes", "pixel_values_videos", "image_sizes_videos",
+               "attention_mask", "position_ids", "inputs_embeds", "vision_feature_layer",
+               "vision_feature_select_strategy", "vision_aspect_ratio", "batch_num_images", "labels", "use_cache",
+               "logits_to_keep", "mm_encoder_outputs", "cache_position", "output_attentions",
+               "output_hidden_states", "return_dict"}) | _CACHE,
+    required=(("input_ids",), ("inputs_embeds",), ("attention_mask",), ("position_ids",), CACHE_NAMES,
+              ("pixel_values",)),
+    var_keyword=True,
+)
+CONTRACTS: dict[Callable, Contract] = {
+    compute_3d_position_ids: Contract(
+        frozenset({"input_ids", "inputs_embeds", "attention_mask"}) | _CACHE | _GRIDS,
+        required=(("input_ids",), ("inputs_embeds",), ("attention_mask",), CACHE_NAMES),
+    ),
+    get_rope_index: Contract(
+        frozenset({"input_ids", "attention_mask"}) | _GRIDS, required=(("input_ids",), ("mm_token_type_ids",)),
+    ),
+    lm_forward: LM_FORWARD,
+    prepare_position_ids_for_generation: Contract(
+        frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),
+    ),
+    no_generation_position_ids: Contract(
+        frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),
+    ),
+    rotary_forward: Contract(frozenset({"x", "position_ids"}), required=(("x",), ("position_ids",))),
+    layer_forward: Contract(
+        frozenset({"hidden_states", "attention_mask", "position_ids", "use_cache", "cache_position",
+                   "position_embeddings", "output_attentions"}) | _CACHE,
+        required=(("position_embeddings",),), var_keyword=True,
+    ),
+}

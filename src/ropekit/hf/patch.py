@@ -28,7 +28,7 @@ from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
 from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config
 from .adapters import ADAPTERS, Adapter
-from . import hooks, persist
+from . import boundary, hooks, persist
 from .state import _Geometry, _State
 
 __all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -66,6 +66,28 @@ def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module,
             f"...ForConditionalGeneration or the bare ...Model of: {supported}"
         )
     return top, inner, text, adapter
+
+
+def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, adapter: Adapter) -> None:
+    """Refuse, before anything is changed, a transformers whose hooked methods take parameters the hooks do not
+    know (:mod:`ropekit.hf.boundary`): the methods the patch replaces, and the forwards whose arguments
+    ``generate`` hands on as model kwargs."""
+    boundary.check_version("patch_model")
+    checks = [(type(text.rotary_emb), "forward", hooks.CONTRACTS[hooks.rotary_forward])]
+    checks += [(t, "forward", hooks.CONTRACTS[hooks.layer_forward]) for t in dict.fromkeys(map(type, text.layers))]
+    if adapter.one_d:
+        checks += [(type(inner), "forward", hooks.LM_FORWARD), (type(top) if top else None, "forward", hooks.LM_FORWARD)]
+        prepare = hooks.no_generation_position_ids
+    else:
+        checks += [(type(inner), "compute_3d_position_ids", hooks.CONTRACTS[hooks.compute_3d_position_ids]),
+                   (type(inner), "forward", hooks.MULTIMODAL_FORWARD),
+                   (type(top) if top else None, "forward", hooks.MULTIMODAL_FORWARD)]
+        prepare = hooks.prepare_position_ids_for_generation
+    if hasattr(inner, "get_rope_index"):
+        checks.append((type(inner), "get_rope_index", hooks.CONTRACTS[hooks.get_rope_index]))
+    if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
+        checks.append((type(top), "_prepare_position_ids_for_generation", hooks.CONTRACTS[prepare]))
+    boundary.check_all(checks)
 
 
 def _state(model: nn.Module) -> Optional[_State]:
@@ -218,6 +240,7 @@ def patch_model(
         saved = dict(getattr(inner.config, persist.CONFIG_KEY))
         design, age, allocation, options = (restored[k] for k in ("design", "age", "allocation", "options"))
     adapter.check(inner)
+    _check_boundary(top, inner, text, adapter)
     layers = list(text.layers)
     names = _resolve_layers(design, age, len(layers))
     primary = names[0] if age is None else get_design(design if isinstance(design, str) else design[0]).name
@@ -289,27 +312,13 @@ def patch_model(
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
-    if top is None and hasattr(inner, "get_rope_index"):  # a bare model: only an unpatched wrapper calls this
-        hooks.install(inner, "get_rope_index", _refuse_stock_positions, state)
+    if hasattr(inner, "get_rope_index"):
+        hooks.install(inner, "get_rope_index", hooks.get_rope_index, state)
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
         hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)
     inner.__dict__[_STATE_ATTR] = state
     return model
-
-
-def _refuse_stock_positions(hook: hooks.Hook, *args: Any, **kwargs: Any):
-    """``get_rope_index`` of a patched bare Qwen model: the stock M-RoPE positions would override the design.
-
-    Inside a patched model nothing calls it; the caller is the ``generate`` of a ``...ForConditionalGeneration``
-    whose ``.model`` alone was patched, which would pass these positions as explicit ``position_ids``.
-    """
-    raise ValueError(
-        f"patched model: {type(hook.owner).__name__}.get_rope_index was called on a bare model patched by "
-        f"ropekit; the unpatched ...ForConditionalGeneration around it calls this in generate and would pass "
-        f"stock M-RoPE positions instead of the design's. Patch the generation model itself: patch_model(model), "
-        f"not patch_model(model.model)"
-    )
 
 
 def unpatch_model(model: nn.Module) -> nn.Module:

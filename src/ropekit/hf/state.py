@@ -142,12 +142,9 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
     return out
 
 
-def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> None:
-    """Positions of a fresh sequence for every geometry, plus where the text after it goes.
-
-    ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts).
-    Without any grid every token is text, as in transformers (image tokens with no grid are placed as text).
-    """
+def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> _Prompt:
+    """A fresh sequence as placed: vision tokens without any grid and hidden tokens become text, grid rows of
+    hidden images are dropped (as transformers consumes them). ``types``/``mask`` are on the CPU."""
     if grids[0] is None and grids[1] is None:
         types = torch.zeros_like(types)
     grids = _visible_grids(state, types, mask, grids)
@@ -155,7 +152,17 @@ def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
         types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
     length = types.shape[1]
     counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
-    prompt = _Prompt(types, mask, grids, counts.to(device), {}, dense=bool((counts == length).all()))
+    return _Prompt(types, mask, grids, counts.to(device), {}, dense=bool((counts == length).all()))
+
+
+def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> None:
+    """Positions of a fresh sequence for every geometry, plus where the text after it goes.
+
+    ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts).
+    Without any grid every token is text, as in transformers (image tokens with no grid are placed as text).
+    """
+    prompt = _prompt(state, types, grids, mask, device)
+    length = types.shape[1]
     placed = _place(state, prompt, FOLLOW)
     prompt.table = {n: p[:, :, length:].to(device) for n, p in placed.items()}
     state.prompt = prompt
@@ -163,15 +170,25 @@ def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
     state.run = (state.pending, None, 0)  # the rotary hook evaluates the continuation's cos/sin with the prompt's
 
 
+def index(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> tuple:
+    """``(positions (A, B, L), rope_deltas (B, 1))`` of a sequence under the first layer's geometry, as
+    transformers' ``get_rope_index`` returns its own; the patch state is left as it was."""
+    prompt = _prompt(state, types, grids, mask, device)
+    pos = _place(state, prompt, 0)[state.layer_geometry[0]].to(device)
+    return pos, _deltas(pos, prompt)
+
+
 def rope_deltas(state: _State) -> Optional[torch.Tensor]:
     """transformers' ``rope_deltas`` of the last prompt: largest position + 1 − valid tokens, ``(B, 1)``.
 
     Read from the first layer's geometry; integer (as transformers) when the positions are whole numbers.
     """
-    prompt = state.prompt
-    if prompt is None or state.pending is None:
+    if state.prompt is None or state.pending is None:
         return None
-    pos = state.pending[state.layer_geometry[0]]
+    return _deltas(state.pending[state.layer_geometry[0]], state.prompt)
+
+
+def _deltas(pos: torch.Tensor, prompt: _Prompt) -> torch.Tensor:
     valid = torch.ones(pos.shape[1:], dtype=torch.bool) if prompt.mask is None else prompt.mask.bool()
     top = pos.masked_fill(~valid.to(pos.device)[None], float("-inf")).amax(dim=(0, 2))
     top = torch.where(prompt.counts > 0, top, torch.zeros_like(top))  # an all-padding row has delta 0

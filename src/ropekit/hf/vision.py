@@ -40,6 +40,7 @@ from ..rope import DirectionalRoPE
 from ..rotations.mixed import MixedFrequencies
 from ..rotations.planar import angles, frequency_matrix
 from . import hooks
+from .boundary import Contract, check_all, check_version
 from .vision_adapters import VISION_ADAPTERS, VisionAdapter
 from .vision_adapters.base import COORDS_ATTR
 
@@ -224,32 +225,25 @@ def _learned_factory(family: str, options: dict, head_dim: int, num_heads: int, 
 
 def _rotary_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
     adapter: VisionAdapter = hook.adapter
-    coords, like = adapter.coords(hook.owner, *args, **kwargs)
+    coords, like = adapter.coords(hook.owner, **hook.bind(args, kwargs))
     shape = (coords.shape[0], hook.head_dim)
     cos = torch.ones(shape, dtype=like.dtype, device=like.device)
     setattr(cos, COORDS_ATTR, coords)
     return cos, torch.zeros(shape, dtype=like.dtype, device=like.device)
 
 
-def _permute_forward(hook: hooks.Hook, tensor: torch.Tensor, *args: Any, **kwargs: Any):
-    out = hook.call_previous(tensor, *args, **kwargs)
-    coords = getattr(tensor, COORDS_ATTR, None)
+def _permute_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    given = hook.bind(args, kwargs)
+    out = hook.call_previous(**given)
+    coords = getattr(given["input_tensor"], COORDS_ATTR, None)
     if coords is not None:  # the encoder reorders its position embeddings: reorder the coordinates alike
-        setattr(out, COORDS_ATTR, hook.call_previous(coords, *args, **kwargs))
+        setattr(out, COORDS_ATTR, hook.call_previous(**{**given, "input_tensor": coords}))
     return out
 
 
-def _coords_of(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
-    embeddings = kwargs.get("position_embeddings")
-    candidates = [embeddings] if embeddings is not None else [a for a in args if isinstance(a, tuple)]
-    for pe in candidates:
-        if isinstance(pe, tuple) and pe and hasattr(pe[0], COORDS_ATTR):
-            return getattr(pe[0], COORDS_ATTR)
-    return None
-
-
 def _attention_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
-    coords = _coords_of(args, kwargs)
+    embeddings = hook.bind(args, kwargs).get("position_embeddings")
+    coords = getattr(embeddings[0], COORDS_ATTR, None) if isinstance(embeddings, tuple) and embeddings else None
     if coords is None:
         raise ValueError("patch_vision_model: this attention module got position embeddings that do not come "
                          "from the patched rotary; call the patched encoder itself (or unpatch_vision_model)")
@@ -261,8 +255,8 @@ def _attention_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
         ctx.tables = None
 
 
-def _proj_forward(hook: hooks.Hook, x: torch.Tensor, *args: Any, **kwargs: Any):
-    out = hook.call_previous(x, *args, **kwargs)
+def _proj_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    out = hook.call_previous(*args, **kwargs)
     ctx: _Context = hook.context
     if ctx.tables is None:  # called outside the attention's forward: a plain projection
         return out
@@ -272,6 +266,28 @@ def _proj_forward(hook: hooks.Hook, x: torch.Tensor, *args: Any, **kwargs: Any):
         q, k, v = qkv.unbind(2)
         return torch.stack((ctx.rotate(q), ctx.rotate(k), v), dim=2).reshape(out.shape)
     return ctx.rotate(out.reshape(*out.shape[:-1], heads, -1)).reshape(out.shape)
+
+
+# what each vision hook handles of the method it replaces (the rotary's own parameters are the adapter's)
+_ATTENTION = Contract(frozenset({"hidden_states", "attention_mask", "position_embeddings", "cu_seqlens", "max_seqlen"}),
+                      required=(("hidden_states",), ("position_embeddings",)), var_keyword=True)
+_PROJECTION = Contract(frozenset({"input"}), required=(("input",),))  # nn.Linear.forward
+_PERMUTE = Contract(frozenset({"input_tensor", "window_index", "seq_len"}), required=(("input_tensor",),))
+
+
+def _rotary_contract(adapter: VisionAdapter) -> Contract:
+    return Contract(frozenset(adapter.rotary_params), required=tuple((p,) for p in adapter.rotary_params))
+
+
+def _check_boundary(rotary: nn.Module, adapter: VisionAdapter, encoder: nn.Module, attentions: list) -> None:
+    """Refuse, before anything changes, an encoder whose hooked methods take parameters the hooks do not know."""
+    check_version("patch_vision_model")
+    projections = ("qkv",) if adapter.fused_qkv else ("q_proj", "k_proj")
+    checks = [(type(rotary), "forward", _rotary_contract(adapter))]
+    checks += [(t, "forward", _ATTENTION) for t in dict.fromkeys(map(type, attentions))]
+    checks += [(type(getattr(a, p)), "forward", _PROJECTION) for a in attentions[:1] for p in projections]
+    checks += [(type(encoder), m, _PERMUTE) for m in adapter.extra_hooks()]
+    check_all(checks)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -317,6 +333,7 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
     if not isinstance(shared, bool):
         raise TypeError(f"patch_vision_model: `shared` must be True or False, got {shared!r}")
     _, rotary, adapter, encoder, attentions = _find(model)
+    _check_boundary(rotary, adapter, encoder, attentions)
     head_dim, num_heads = adapter.head_dim(attentions[0]), adapter.num_heads(attentions[0])
     options = dict(options)
     if key in ("axial", "directional", "geope"):
@@ -337,14 +354,15 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
             module = one if shared else build(i).to(device)
             setattr(attn, _ROTARY_ATTR, module)
         ctx = _Context(rotator, module)
-        hooks.install(attn, "forward", _attention_forward, None, context=ctx, vision=True)
+        hooks.install(attn, "forward", _attention_forward, None, contract=_ATTENTION, context=ctx, vision=True)
         projections = ("qkv",) if adapter.fused_qkv else ("q_proj", "k_proj")
         for p in projections:
-            hooks.install(getattr(attn, p), "forward", _proj_forward, None, context=ctx, num_heads=num_heads,
-                          fused=adapter.fused_qkv, vision=True)
-    hooks.install(rotary, "forward", _rotary_forward, None, adapter=adapter, head_dim=head_dim, vision=True)
+            hooks.install(getattr(attn, p), "forward", _proj_forward, None, contract=_PROJECTION, context=ctx,
+                          num_heads=num_heads, fused=adapter.fused_qkv, vision=True)
+    hooks.install(rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter), adapter=adapter,
+                  head_dim=head_dim, vision=True)
     for method in adapter.extra_hooks():
-        hooks.install(encoder, method, _permute_forward, None, vision=True)
+        hooks.install(encoder, method, _permute_forward, None, contract=_PERMUTE, vision=True)
     return model
 
 

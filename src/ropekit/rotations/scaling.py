@@ -54,6 +54,9 @@ _KEYS = {
                "high_freq_factor"},
 }
 _NEEDS_ORIGINAL = ("yarn", "longrope", "llama3")
+# transformers configs may carry the pretraining length on every rope type; these types do not use it (transformers
+# ignores it there too), so it is accepted and dropped rather than refused
+_IGNORES_ORIGINAL = ("default", "linear", "ntk", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ def parse_scaling(
         if isinstance(axes, (str, bytes)) or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
             raise TypeError(f"scaling: `axes` must be a list of axis indices, got {axes!r}")
         axes = tuple(axes)
+    if rope_type in _IGNORES_ORIGINAL:
+        p.pop("original_max_position_embeddings", None)
     unknown = set(p) - _PASSTHROUGH - _KEYS[rope_type]
     if unknown:
         raise ValueError(f"scaling: rope_type {rope_type!r} does not take {', '.join(sorted(map(repr, unknown)))}; "

@@ -26,6 +26,7 @@ class VisionAdapter:
     rotary_classes: tuple[str, ...] = ()
     attention_classes: tuple[str, ...] = ()
     fused_qkv: bool = False  # one ``qkv`` Linear (Qwen) rather than ``q_proj``/``k_proj``
+    rotary_params: tuple[str, ...] = ()  # the rotary ``forward``'s parameters, all read by :meth:`coords`
 
     def matches(self, rotary: nn.Module) -> bool:
         return type(rotary).__name__ in self.rotary_classes
@@ -40,9 +41,10 @@ class VisionAdapter:
         """The encoder's RoPE base (its ``rope_theta``)."""
         return float(rotary.config.rope_parameters["rope_theta"])
 
-    def coords(self, rotary: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def coords(self, rotary: nn.Module, **arguments: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(patch coordinates ``(P, 2)`` float32 exactly as the stock rotary uses them, a tensor whose
-        device and dtype the stock cos/sin have) for the arguments of the rotary's ``forward``."""
+        device and dtype the stock cos/sin have) for the arguments of the rotary's ``forward``, by name
+        (:attr:`rotary_params`)."""
         raise NotImplementedError
 
     def stock_frequencies(self, rotary: nn.Module) -> torch.Tensor:

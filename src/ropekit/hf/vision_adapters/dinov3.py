@@ -15,11 +15,12 @@ class DINOv3Adapter(VisionAdapter):
     name = "dinov3_vit"
     rotary_classes = ("DINOv3ViTRopePositionEmbedding",)
     attention_classes = ("DINOv3ViTAttention",)
+    rotary_params = ("pixel_values",)
 
     def base(self, rotary: nn.Module) -> float:
         return float(rotary.base)
 
-    def coords(self, rotary: nn.Module, pixel_values: torch.Tensor, *args, **kwargs):
+    def coords(self, rotary: nn.Module, pixel_values: torch.Tensor):
         from transformers.models.dinov3_vit import modeling_dinov3_vit as m
 
         config = rotary.config

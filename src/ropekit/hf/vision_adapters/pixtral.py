@@ -12,8 +12,9 @@ class PixtralAdapter(VisionAdapter):
     name = "pixtral"
     rotary_classes = ("PixtralVisionRotaryEmbedding",)
     attention_classes = ("PixtralAttention",)
+    rotary_params = ("x", "position_ids")
 
-    def coords(self, rotary: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+    def coords(self, rotary: nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
         return position_ids.float(), x
 
     def stock_frequencies(self, rotary: nn.Module) -> torch.Tensor:

@@ -13,9 +13,10 @@ class Qwen2VLVisionAdapter(VisionAdapter):
     name = "qwen2_vl"
     rotary_classes = ("Qwen2VLVisionRotaryEmbedding",)
     attention_classes = ("VisionAttention",)
+    rotary_params = ("x", "position_ids")
     fused_qkv = True
 
-    def coords(self, rotary: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+    def coords(self, rotary: nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
         return position_ids.float(), x.new_empty((), dtype=torch.float32)  # stock cos/sin are float32
 
     def stock_frequencies(self, rotary: nn.Module) -> torch.Tensor:
