@@ -163,6 +163,9 @@ def _grids_without_types() -> None:
 
 def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device) -> None:
     state = hook.state
+    typed = length if mm_token_type_ids is None else mm_token_type_ids.shape[1]
+    if typed < length:
+        return _prefill_with_candidates(hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device)
     if mask is not None:
         mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
     has_grids = grids[0] is not None or grids[1] is not None
@@ -176,6 +179,38 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
         st.prefill(state, types, grids, mask, device)
         if has_grids and input_ids is not None and mm_token_type_ids is not None:
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
+
+
+def _prefill_with_candidates(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length,
+                             device) -> None:
+    """An uncached forward over a prompt followed by tokens the token types do not cover yet: assisted and
+    speculative decoding verify candidate tokens with the prompt in one forward, and hand over the prompt's
+    ``mm_token_type_ids`` only. The covered tokens are the prompt, placed (or taken from ``generate``'s
+    placement) as usual; the rest are text after it, read off the continuation table as a cached step would.
+    """
+    state = hook.state
+    typed = mm_token_type_ids.shape[1]
+    if input_ids is not None:
+        st.check_no_vision(st.vision_in_ids(state, input_ids[:, typed:]))
+    if mask is not None and mask.shape[1] != length:
+        mask = None  # not a 2-D mask over these tokens
+    if mask is not None and not bool((mask[:, typed:] != 0).all()):
+        raise ValueError(
+            "patched model: padding among the tokens after the ones mm_token_type_ids covers; pass "
+            "mm_token_type_ids for every token of input_ids"
+        )
+    prompt_mask = None if mask is None else (mask[:, :typed] != 0).long().cpu()
+    reused = grids[0] is None and grids[1] is None and st.generated_prompt(
+        state, st.token_types(state, None, mm_token_type_ids, batch, typed, device).cpu(), prompt_mask)
+    if reused:  # the prompt generate placed, given again without the grids it handed to the vision encoder
+        grids = state.prompt.grids
+    _prefill_forward(hook, None if input_ids is None else input_ids[:, :typed], mm_token_type_ids, grids,
+                     prompt_mask, mask_4d, batch, typed, device)
+    state.prompt.generated = state.prompt.generated or reused
+    head = state.pending
+    st.decode(state, None if mask is None else (mask != 0).long(), typed, batch, length - typed, device)
+    state.pending = {n: torch.cat([head[n], p.to(head[n].dtype)], dim=2) for n, p in state.pending.items()}
+    state.run = None
 
 
 def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
@@ -275,6 +310,9 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
     mask = model_kwargs.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    if (grids[0] is None and grids[1] is None and model_kwargs.get("mm_encoder_outputs")
+            and st.generated_prompt(state, types.cpu(), mask)):
+        grids = state.prompt.grids  # an assistant sharing this model: its generate got encoded images only
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
     state.prompt.generated = True  # later uncached forwards of generate come without grids
     hook.owner.model.rope_deltas = st.rope_deltas(state)
@@ -392,8 +430,14 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
     run, state.run = state.run, None
     if run is None or run[0] is not pending:
         run = None
-    if pending is None or any(tuple(p.shape[1:]) != (batch, length) for p in pending.values()):
+    if pending is None:  # the model was given position_ids: no placement this forward
         pending, run = _fallback_positions(state, position_ids, batch, length), None
+    elif any(tuple(p.shape[1:]) != (batch, length) for p in pending.values()):
+        shape = tuple(next(iter(pending.values())).shape[1:])
+        raise RuntimeError(
+            f"patched model: the tokens were placed for a batch of shape {shape} but the language model runs "
+            f"{(batch, length)}; this call path is not supported by ropekit's patch (please report it)"
+        )
     geoms = {}
     with torch.no_grad():
         for name, geo in state.geometries.items():

@@ -214,19 +214,52 @@ def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor],
         k = batch // s_types.shape[0]
         s_types = s_types.repeat_interleave(k, dim=0)
         s_mask = None if s_mask is None else s_mask.repeat_interleave(k, dim=0)
-    if s_types.shape != types.shape or not torch.equal(s_types, types.cpu()):
+    if s_types.shape != types.shape:
         return False
-    if mask is None and not mask_4d:
-        same_mask = s_mask is None or bool((s_mask == 1).all())
-    else:
-        same_mask = mask is None or (s_mask is None and bool((mask == 1).all())) or (
-            s_mask is not None and torch.equal(mask, s_mask)
-        )
-    if not same_mask:
+    if torch.compiler.is_compiling():  # no data-dependent branch in a graph: a mismatch is a device-side error
+        _assert_stash(s_types, s_mask, types, mask, mask_4d)
+    elif not torch.equal(s_types, types.cpu()):
+        return False
+    elif mask is None and not mask_4d:
+        if not (s_mask is None or bool((s_mask == 1).all())):
+            return False
+    elif not (mask is None or (s_mask is None and bool((mask == 1).all())) or (
+            s_mask is not None and torch.equal(mask, s_mask))):
         return False
     state.prompt = s_prompt
     state.pending = {n: p.repeat_interleave(k, dim=1) for n, p in s_pos.items()} if k > 1 else s_pos
     return True
+
+
+def _assert_stash(s_types: torch.Tensor, s_mask: Optional[torch.Tensor], types: torch.Tensor,
+                  mask: Optional[torch.Tensor], mask_4d: bool) -> None:
+    """Inside a compiled forward: check on the device that the prompt is the one ``generate`` placed (as the
+    eager comparison in :func:`from_stash` does; a 4-D mask is not compared)."""
+    same = (s_types.to(types.device) == types).all()
+    if mask_4d:
+        pass
+    elif mask is not None:
+        want = torch.ones_like(mask) if s_mask is None else s_mask.to(mask.device)
+        same = same & (mask == want).all()
+    elif s_mask is not None:
+        same = same & (s_mask == 1).all()
+    torch._assert_async(same, "patched model: a compiled forward got a prompt other than the one generate "
+                              "placed for it (token types or attention mask differ); run this prompt eagerly")
+
+
+def generated_prompt(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
+    """Whether ``types`` and ``mask`` (CPU; mask 0/1 or None) are the prompt the last ``generate`` placed with
+    grids. ``generate`` hands the grids to the vision encoder and drops them, so a second look at the same
+    prompt within one generation (an assistant model sharing this instance, the verifying forward of assisted
+    decoding) comes without them."""
+    prompt = state.prompt
+    if prompt is None or not prompt.generated or (prompt.grids[0] is None and prompt.grids[1] is None):
+        return False
+    if types.shape != prompt.types.shape:
+        return False
+    p_mask = torch.ones_like(prompt.types) if prompt.mask is None else prompt.mask
+    mask = torch.ones_like(types) if mask is None else mask
+    return torch.equal(mask, p_mask) and torch.equal(types.masked_fill(p_mask == 0, 0), prompt.types)
 
 
 def continue_generated(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], device) -> bool:
@@ -328,6 +361,12 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
     else:
         after = (past - prompt.types.shape[1] + step).expand(batch, length).to(device)
         new = torch.ones(batch, length, dtype=torch.bool, device=device)
+    if not torch.compiler.is_compiling() and bool(((after < 0) & new).any()):
+        raise ValueError(
+            "patched model: a cached forward's new tokens lie inside the prompt placed last (the cache holds "
+            "fewer tokens than that prompt, e.g. it was cropped or belongs to another sequence); run the whole "
+            "sequence again without a cache"
+        )
     after = after.clamp(min=0)  # text tokens since the prompt
     if not torch.compiler.is_compiling():
         need = int(after.max()) + 1 if after.numel() else 0
