@@ -22,7 +22,7 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
-from ropekit.hf import is_patched, patch_model, unpatch_model
+from ropekit.hf import is_patched, last_positions, patch_model, unpatch_model
 
 IMG, VID, PAD = 70, 71, 0
 PATCH_DIM = 3 * 2 * 2 * 2  # channels · temporal patch · patch²
@@ -307,3 +307,181 @@ def test_pickle_and_save_pretrained(pair, tmp_path):
     assert not is_patched(reloaded)
     keep = inputs["attention_mask"].bool()
     assert torch.equal(_logits(reloaded, **inputs)[keep], _logits(stock, **inputs)[keep])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decoding step by step, assisted decoding, a compiled whole forward, get_rope_index, rope scaling: as stock
+
+
+def _capture_positions(model):
+    """Record the positions ``(3, B, L)`` every forward of ``model``'s language model rotates with: the stock
+    rotary's ``position_ids`` argument, or what the patch placed (:func:`ropekit.hf.last_positions`)."""
+    seen, text = [], model.model.language_model
+
+    def stock_rotary(module, args, kwargs):
+        seen.append(kwargs.get("position_ids", args[1] if len(args) > 1 else None).float())
+
+    def patched_forward(module, args, kwargs, out):
+        seen.append(last_positions(model)[0])
+
+    if is_patched(model):
+        handle = text.register_forward_hook(patched_forward, with_kwargs=True)
+    else:
+        handle = text.rotary_emb.register_forward_pre_hook(stock_rotary, with_kwargs=True)
+    return seen, handle
+
+
+def _stepwise(model, inputs, **kw):
+    """(logits per step, positions per forward) of a greedy ``generate``."""
+    seen, handle = _capture_positions(model)
+    try:
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, **kw)
+    finally:
+        handle.remove()
+    return out, seen
+
+
+def _one(inputs, row):
+    """Sample ``row`` of :func:`image_batch` alone (its image's pixels and grid only)."""
+    out = {k: inputs[k][row:row + 1] for k in ("input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw")}
+    out["pixel_values"] = inputs["pixel_values"][:16] if row == 0 else inputs["pixel_values"][16:]
+    return out
+
+
+def _text_batch():
+    ids = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+STEP_CASES = {"images, left padding": lambda: image_batch(), "image, no padding": lambda: _one(image_batch(), 1),
+              "text, left padding": _text_batch}
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_every_decoding_step_places_and_scores_as_stock(pair, case):
+    """Positions of the prompt (its unpadded tokens) and of every generated token, and every step's logits,
+    equal stock's: a decoding step that lost track of the cache (5.24's `cache` rename put every new token at
+    position 0) changes them, even where a tiny model's greedy tokens stay the same."""
+    stock, patched = pair
+    inputs = STEP_CASES[case]()
+    want, want_pos = _stepwise(stock, inputs)
+    got, got_pos = _stepwise(patched, inputs)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got_pos) == len(want_pos) == len(want.logits)
+    keep = inputs["attention_mask"].bool()
+    torch.testing.assert_close(got_pos[0][:, keep], want_pos[0][:, keep], rtol=0, atol=0)
+    for w, g in zip(want_pos[1:], got_pos[1:]):
+        assert torch.equal(g, w)
+    for w, g in zip(want.logits, got.logits):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+ASSISTED = {"same instance": lambda m: dict(assistant_model=m),
+            "separate copy": lambda m: dict(assistant_model=copy.deepcopy(m)),
+            "prompt lookup": lambda m: dict(prompt_lookup_num_tokens=2)}
+
+
+@pytest.mark.parametrize("mode", list(ASSISTED))
+@pytest.mark.parametrize("row", [0, 1], ids=["left padding", "no padding"])
+def test_assisted_decoding_equals_greedy_decoding(pair, mode, row):
+    """Assisted and prompt-lookup decoding verify candidates in one uncached forward over prompt + candidates
+    (token types cover the prompt only), and an assistant sharing the instance re-reads the prompt without
+    its grids: the result is stock's greedy decoding, and so is the cached design's own for circle."""
+    stock, patched = pair
+    inputs = _one(image_batch(), row)
+    want, _ = _stepwise(stock, inputs)
+    for model, reference in ((patched, want), (circle := patch_model(copy.deepcopy(stock), "circle"), None)):
+        reference = reference or _stepwise(circle, inputs)[0]
+        got, _ = _stepwise(model, inputs, **ASSISTED[mode](model))
+        assert torch.equal(got.sequences, reference.sequences)
+        for w, g in zip(reference.logits, got.logits):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """``pairs(family)``: (stock, patched) built once per module."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = _pair(family)
+        for m in built[family]:
+            m.model.rope_deltas = None
+        return built[family]
+    return get
+
+
+# each whole-forward compile costs ~10 s on 2 cores: Qwen2-VL (the issue's case) with and without images,
+# Qwen3-VL's interleaved sections on text
+@pytest.mark.parametrize("family,case", [("qwen2_vl", "text, left padding"), ("qwen2_vl", "images, left padding"),
+                                         ("qwen3_vl", "text, left padding")])
+def test_whole_forward_compiled_fullgraph_then_generate_matches_stock(pairs, family, case):
+    """torch.compile(model.forward, fullgraph=True, dynamic=True) and then generate: the prefill runs inside
+    the graph too, so the patch must place generate's prompt without a data-dependent branch."""
+    stock, patched = pairs(family)
+    inputs = STEP_CASES[case]()
+    want, _ = _stepwise(stock, inputs)
+    torch._dynamo.reset()
+    patched.forward = torch.compile(patched.forward, fullgraph=True, dynamic=True, backend="eager")
+    try:
+        with torch.no_grad():
+            got = patched.generate(**inputs, max_new_tokens=4, do_sample=False, output_logits=True,
+                                   return_dict_in_generate=True)
+    finally:
+        del patched.forward
+    assert torch.equal(got.sequences, want.sequences)
+    for w, g in zip(want.logits, got.logits):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_get_rope_index_of_a_patched_model_is_the_designs(pair):
+    """A direct get_rope_index call answers with the design's positions and deltas (stock's own for the
+    stock-equivalent design); an AGE patch, with two geometries, is refused."""
+    stock, patched = pair
+    inputs = image_batch()
+    args = dict(input_ids=inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                image_grid_thw=inputs["image_grid_thw"], attention_mask=inputs["attention_mask"])
+    want, want_deltas = stock.model.get_rope_index(**args)
+    got, got_deltas = patched.model.get_rope_index(**args)
+    keep = inputs["attention_mask"].bool()
+    assert got.dtype == want.dtype and torch.equal(got[:, keep], want[:, keep])
+    assert torch.equal(got_deltas, want_deltas)
+    circle = patch_model(copy.deepcopy(stock), "circle")
+    pos, _ = circle.model.get_rope_index(**args)
+    with torch.no_grad():
+        circle(**inputs)
+    assert torch.equal(pos[:, keep].float(), last_positions(circle)[0][:, keep])  # what its forward uses
+    age = patch_model(copy.deepcopy(stock), "circle", age="alternate")
+    with pytest.raises(ValueError, match="2 geometries"):
+        age.model.get_rope_index(**args)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default", "original_max_position_embeddings": 8},
+    {"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 8},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8},
+], ids=lambda r: r["rope_type"])
+def test_rope_parameters_stock_accepts_are_accepted_and_used_as_stock(rope):
+    """Configs may carry the pretraining length on rope types that ignore it; stock accepts them, and so does
+    the stock-equivalent patch, with stock's numbers (max_position_embeddings 8: dynamic NTK grows its base)."""
+    torch.manual_seed(0)
+    params = dict(ROPE, **rope)
+    stock = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=dict(TEXT, rope_parameters=params, max_position_embeddings=8),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                           patch_size=2, temporal_patch_size=2),
+        image_token_id=IMG, video_token_id=VID,
+    )).eval()
+    stock.generation_config.pad_token_id, stock.generation_config.eos_token_id = PAD, None
+    patched = patch_model(copy.deepcopy(stock), "mrope", continuation="spatial")
+    inputs = _one(image_batch(), 1)
+    assert torch.equal(_logits(patched, **inputs), _logits(stock, **inputs))
+    want, got = _stepwise(stock, inputs)[0], _stepwise(patched, inputs)[0]
+    assert torch.equal(got.sequences, want.sequences)
+    for w, g in zip(want.logits, got.logits):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

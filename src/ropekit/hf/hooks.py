@@ -186,12 +186,11 @@ def _prefill_with_candidates(hook: Hook, input_ids, mm_token_type_ids, grids, ma
     """An uncached forward over a prompt followed by tokens the token types do not cover yet: assisted and
     speculative decoding verify candidate tokens with the prompt in one forward, and hand over the prompt's
     ``mm_token_type_ids`` only. The covered tokens are the prompt, placed (or taken from ``generate``'s
-    placement) as usual; the rest are text after it, read off the continuation table as a cached step would.
+    placement) as usual; the rest are text after it, read off the continuation table as a cached step would
+    (generated tokens are text by declaration, as ``generate`` extends the token types with zeros).
     """
     state = hook.state
     typed = mm_token_type_ids.shape[1]
-    if input_ids is not None:
-        st.check_no_vision(st.vision_in_ids(state, input_ids[:, typed:]))
     if mask is not None and mask.shape[1] != length:
         mask = None  # not a 2-D mask over these tokens
     if mask is not None and not bool((mask[:, typed:] != 0).all()):

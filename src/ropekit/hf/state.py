@@ -42,6 +42,7 @@ class _Prompt:
     grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts) as placed
     counts: torch.Tensor  # (B,) valid prompt tokens, on the model's device
     table: dict[str, torch.Tensor]  # per geometry (A, B, M) on the model's device: the next M text tokens
+    positions: dict = field(default_factory=dict)  # per geometry (A, B, L) on the model's device: the prompt's own
     dense: bool = False  # no padding in the prompt: every row's text continues at the same table column
     cos_sin: dict = field(default_factory=dict)  # per geometry (table, cos, sin) of the table (hooks build it)
     generated: bool = False  # placed by ``generate``, which drops the grids after the first forward
@@ -166,7 +167,7 @@ def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
     placed = _place(state, prompt, FOLLOW)
     prompt.table = {n: p[:, :, length:].to(device) for n, p in placed.items()}
     state.prompt = prompt
-    state.pending = {n: p[:, :, :length].to(device) for n, p in placed.items()}
+    state.pending = prompt.positions = {n: p[:, :, :length].to(device) for n, p in placed.items()}
     state.run = (state.pending, None, 0)  # the rotary hook evaluates the continuation's cos/sin with the prompt's
 
 
@@ -361,12 +362,7 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
     else:
         after = (past - prompt.types.shape[1] + step).expand(batch, length).to(device)
         new = torch.ones(batch, length, dtype=torch.bool, device=device)
-    if not torch.compiler.is_compiling() and bool(((after < 0) & new).any()):
-        raise ValueError(
-            "patched model: a cached forward's new tokens lie inside the prompt placed last (the cache holds "
-            "fewer tokens than that prompt, e.g. it was cropped or belongs to another sequence); run the whole "
-            "sequence again without a cache"
-        )
+    inside = (after < 0) & new  # tokens of the prompt given again (an assistant re-reading its last token)
     after = after.clamp(min=0)  # text tokens since the prompt
     if not torch.compiler.is_compiling():
         need = int(after.max()) + 1 if after.numel() else 0
@@ -376,6 +372,12 @@ def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, l
             prompt.table = {n: p[:, :, -grow:].to(device) for n, p in placed.items()}
             size = grow
     state.pending = {name: _read(table, after, new, k) for name, table in prompt.table.items()}
+    if torch.compiler.is_compiling() or bool(inside.any()):
+        column = (past + step).clamp(max=prompt.types.shape[1] - 1).expand(batch, length).to(device)
+        for name, pos in state.pending.items():
+            own = prompt.positions[name].repeat_interleave(k, dim=1) if k > 1 else prompt.positions[name]
+            own = own.gather(2, column[None].expand(own.shape[0], -1, -1))
+            state.pending[name] = torch.where(inside[None], own.to(pos.dtype), pos)
 
 
 def _run_start(prompt: _Prompt, mask: Optional[torch.Tensor], past: Any, k: int) -> Optional[int]:
