@@ -44,6 +44,14 @@ STATES = {
 }
 
 
+def _cache() -> str:
+    """The KV-cache keyword of the installed transformers (``cache`` since 5.24, ``past_key_values`` before)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from ropekit.hf.boundary import cache_keyword
+    return cache_keyword(Qwen2VLForConditionalGeneration.forward)
+
+
 def build(layers: int, hidden: int, heads: int, kv: int, inter: int):
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
@@ -168,7 +176,7 @@ def stages(shape: str, repeat: int, log=print) -> list[dict]:
     step_emb = inner.get_input_embeddings()(step_ids).detach()
 
     def positions_and_tables(ids, x, past, **kw):
-        pos = inner.compute_3d_position_ids(input_ids=ids, inputs_embeds=x, past_key_values=past, **kw)
+        pos = inner.compute_3d_position_ids(input_ids=ids, inputs_embeds=x, **{_cache(): past}, **kw)
         return text.rotary_emb(x, pos if pos is not None else torch.zeros(3, 1, x.shape[1]))
 
     kw = {k: inputs[k] for k in ("image_grid_thw", "attention_mask", "mm_token_type_ids")}
@@ -186,7 +194,7 @@ def forward(shape: str, repeat: int, log=print) -> list[dict]:
     L = inputs["input_ids"].shape[1]
     step = dict(input_ids=torch.tensor([[1234]]))  # no mask: stock transformers then places it at past + delta
     phases = {"prefill": lambda _: model(**inputs, use_cache=True, logits_to_keep=1).past_key_values,
-              "decode_first": lambda cache: model(**step, past_key_values=cache, use_cache=True)}
+              "decode_first": lambda cache: model(**step, **{_cache(): cache}, use_cache=True)}
     with torch.no_grad():
         _set_state(model, None)
         ref = model(**inputs, logits_to_keep=1).logits
@@ -219,12 +227,12 @@ def decode_only(shape: str, repeat: int, log=print, steps: int = 5) -> list[dict
 
         def place(_):
             pos = inner.compute_3d_position_ids(input_ids=inputs["input_ids"], inputs_embeds=emb,
-                                                past_key_values=None, **kw)
+                                                **{_cache(): None}, **kw)
             inner.language_model.rotary_emb(emb, pos if pos is not None else torch.zeros(3, 1, L))
 
         def some_steps(_):
             for _ in range(steps):
-                model(**step, past_key_values=cache, use_cache=True)
+                model(**step, **{_cache(): cache}, use_cache=True)
                 cache.crop(-1)
 
         times = _interleaved(model, {"place": place, "decode": some_steps}, repeat, log)

@@ -23,11 +23,13 @@ from transformers import (
 
 import ropekit
 from ropekit import Image, Layout, Text, Video
+from ropekit.hf.boundary import cache_keyword
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
 import ropekit.hf.hooks as hfhooks
 import ropekit.hf.state as hfstate
 
 IMG, VID, PAD = 70, 71, 0
+CACHE = cache_keyword(Qwen2VLForConditionalGeneration.forward)  # "cache" since transformers 5.24
 SECTIONS = [2, 3, 3]  # head_dim 16
 PATCH_DIM = 3 * 2 * 2 * 2  # channels · temporal patch · patch²
 # designs whose own allocation is per head (MHRoPE) cannot drive the models' shared rotary tables
@@ -559,7 +561,7 @@ def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, desig
         out = qwen2(**inputs, use_cache=True)
         B = inputs["input_ids"].shape[0]
         mask = torch.cat([inputs["attention_mask"], torch.ones(B, 2, dtype=torch.long)], dim=1)
-        step = dict(past_key_values=out.past_key_values, attention_mask=mask, use_cache=True)
+        step = {CACHE: out.past_key_values, "attention_mask": mask, "use_cache": True}
         new = torch.tensor([[5, IMG], [6, 7]])
         with pytest.raises(ValueError, match="image/video tokens after a KV cache are not supported"):
             qwen2(input_ids=new, **step)
@@ -587,7 +589,7 @@ def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
                 nxt = out.logits[:, -1].argmax(-1, keepdim=True)
                 mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
                 out = forward(input_ids=nxt, mm_token_type_ids=torch.zeros_like(nxt), attention_mask=mask,
-                              past_key_values=cache, use_cache=True)
+                              use_cache=True, **{CACHE: cache})
                 cache = out.past_key_values
                 seen.append((last_positions(qwen2), out.logits[:, -1]))
         return seen
@@ -661,7 +663,7 @@ def _decode_steps(model, inputs, masks):
                 kw = {} if how == "none" else dict(attention_mask=torch.ones(B, n + i + 1, dtype=torch.long))
                 if how not in ("none", "ones"):
                     kw["attention_mask"][:, -1] = torch.tensor(how)
-                logits = model(input_ids=ids, past_key_values=cache, use_cache=True, **kw).logits
+                logits = model(input_ids=ids, use_cache=True, **{CACHE: cache}, **kw).logits
                 out.append((logits, tables[-1], last_positions(model)))
         finally:
             hfhooks._tables = real

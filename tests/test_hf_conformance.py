@@ -22,9 +22,11 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from ropekit.hf.boundary import cache_keyword
 from ropekit.hf import is_patched, last_positions, patch_model, unpatch_model
 
 IMG, VID, PAD = 70, 71, 0
+CACHE = cache_keyword(Qwen2VLForConditionalGeneration.forward)  # "cache" since transformers 5.24
 PATCH_DIM = 3 * 2 * 2 * 2  # channels · temporal patch · patch²
 TEXT = dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1, vocab_size=80,
             num_hidden_layers=2)
@@ -227,7 +229,7 @@ def _decode_steps(model, inputs, forward, steps=3):
         for _ in range(steps):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             text = torch.zeros_like(nxt)  # declared text: a random model may emit the image token id
-            out = forward(input_ids=nxt, mm_token_type_ids=text, past_key_values=cache, use_cache=True)
+            out = forward(input_ids=nxt, mm_token_type_ids=text, use_cache=True, **{CACHE: cache})
             cache = out.past_key_values
             seen.append(out.logits[:, -1])
     return seen

@@ -9,6 +9,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2
 
 import ropekit
 from ropekit import Image, Layout, Text, Video, positions
+from ropekit.hf.boundary import cache_keyword
 from ropekit.index import decode_positions, rope_index
 
 MERGE = 2
@@ -257,7 +258,8 @@ def test_decode_positions_equal_transformers_incremental_rule(qwen2, pad):
     for m in (mask, None):
         want = qwen2.compute_3d_position_ids(
             torch.zeros(batch, new, dtype=torch.long), embeds, attention_mask=m,
-            past_key_values=_Cache(past), mm_token_type_ids=torch.zeros(batch, new, dtype=torch.long),
+            **{cache_keyword(type(qwen2).compute_3d_position_ids): _Cache(past)},
+            mm_token_type_ids=torch.zeros(batch, new, dtype=torch.long),
         )
         got = decode_positions(delta, past, new, 3, attention_mask=m)
         assert torch.equal(got, want[..., -new:].float())  # with a mask it returns the whole mask width

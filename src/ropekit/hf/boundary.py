@@ -142,6 +142,19 @@ def cache_of(given: dict) -> Any:
     return None
 
 
+def cache_keyword(method: Any) -> str:
+    """The keyword ``method`` (a transformers ``forward``) takes its KV cache by in the installed release:
+    ``"cache"`` since 5.24, ``"past_key_values"`` before. For hand-written decoding loops that run on both."""
+    params = inspect.signature(method).parameters
+    for name in CACHE_NAMES:
+        if name in params:
+            return name
+    raise UnsupportedTransformersError(
+        f"{getattr(method, '__qualname__', method)} in transformers {transformers_version()} takes no KV cache "
+        f"argument ({' / '.join(CACHE_NAMES)}); {_what_to_do()}"
+    )
+
+
 def check_all(checks: Iterable[tuple[Optional[type], str, Contract]]) -> None:
     """Run every ``(class, method, contract)`` check before anything is installed (a refusal patches nothing)."""
     for cls, method, contract in checks:
@@ -149,5 +162,5 @@ def check_all(checks: Iterable[tuple[Optional[type], str, Contract]]) -> None:
             contract.check(cls, method)
 
 
-__all__ = ["Contract", "UnsupportedTransformersError", "TESTED_TRANSFORMERS", "CACHE_NAMES", "cache_of",
+__all__ = ["Contract", "UnsupportedTransformersError", "TESTED_TRANSFORMERS", "CACHE_NAMES", "cache_of", "cache_keyword",
            "check_version", "check_all", "transformers_version"]
