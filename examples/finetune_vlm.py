@@ -176,13 +176,21 @@ def accelerate_available() -> bool:
     return importlib.util.find_spec("accelerate") is not None
 
 
+class MissingAccelerate(RuntimeError):
+    """``--trainer hf`` without the ``accelerate`` package (the script prints it as one line and exits)."""
+
+
+def require_accelerate() -> None:
+    if not accelerate_available():
+        raise MissingAccelerate(
+            "--trainer hf: the transformers Trainer needs the `accelerate` package, which is not installed; "
+            "install it with `python -m pip install 'accelerate>=1.1'`, or use --trainer loop"
+        )
+
+
 def train_hf(model, dataset, args) -> list[float]:
     """The transformers ``Trainer`` (accelerate / torchrun / DeepSpeed / FSDP scale it out)."""
-    if not accelerate_available():
-        raise RuntimeError(
-            "--trainer hf: the transformers Trainer needs the `accelerate` package (pip install 'accelerate>=1.1'); "
-            "install it, or use --trainer loop for the plain PyTorch loop"
-        )
+    require_accelerate()
     from transformers import Trainer, TrainingArguments
 
     targs = TrainingArguments(
@@ -230,6 +238,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
+    if args.trainer == "hf":
+        require_accelerate()  # before loading a checkpoint that may take minutes
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     model = load_model(args.model, dtype)
@@ -286,5 +296,8 @@ def generate_answers(model, dataset: PairDataset, max_new_tokens: int) -> list[l
 
 
 if __name__ == "__main__":
-    result = main()
+    try:
+        result = main()
+    except MissingAccelerate as e:
+        sys.exit(f"{Path(__file__).name}: error: {e}")  # one line on stderr, exit status 1
     sys.exit(0 if result["same_logits"] and not math.isnan(result["losses"][-1]) else 1)

@@ -8,6 +8,8 @@ return them after the prompt).
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -80,3 +82,20 @@ def test_trainer_path(recipe, tmp_path):
     else:
         with pytest.raises(RuntimeError, match="needs the `accelerate` package.*--trainer loop"):
             _run(recipe, tmp_path, "--trainer", "hf")
+
+
+def test_trainer_hf_without_accelerate_fails_first_with_one_line(recipe, tmp_path, monkeypatch):
+    """The check comes before the (possibly minutes-long) model load, and the script prints one line."""
+    monkeypatch.setattr(recipe, "accelerate_available", lambda: False)
+    monkeypatch.setattr(recipe, "load_model", lambda *a: pytest.fail("loaded the model before the check"))
+    with pytest.raises(recipe.MissingAccelerate, match="python -m pip install 'accelerate>=1.1'"):
+        _run(recipe, tmp_path, "--trainer", "hf")
+    # as a script, with accelerate hidden from the import system (a None entry makes find_spec return None)
+    code = ("import runpy, sys; sys.modules['accelerate'] = None; "
+            f"sys.argv = ['finetune_vlm.py', '--trainer', 'hf', '--output-dir', {str(tmp_path / 'out')!r}]; "
+            f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "finetune_vlm.py: error: --trainer hf: the transformers Trainer needs the `accelerate` package, which is "
+        "not installed; install it with `python -m pip install 'accelerate>=1.1'`, or use --trainer loop")

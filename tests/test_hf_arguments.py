@@ -70,3 +70,20 @@ def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refuse
             qwen2.generate(**inputs, **kw)
         unpatch_model(qwen2.model)
         assert torch.equal(qwen2.generate(**inputs, **kw), stock)  # the stock method is back
+
+
+@pytest.mark.parametrize("design,kw", [
+    ("mhrope", {}),  # MHRoPE's own allocation: whole KV heads per axis
+    ("mrope", dict(allocation="mhrope")),  # any design given the per-head allocation
+    (("circle", "mhrope"), dict(age="alternate")),  # one geometry of an AGE pair is enough
+])
+def test_per_head_allocations_are_refused(qwen2, design, kw):
+    """The patched layers share one cos/sin table across heads, so a per-head frequency table cannot apply."""
+    with pytest.raises(ValueError, match="per-head allocation 'mhrope'"):
+        patch_model(qwen2, design, **kw)
+    assert not is_patched(qwen2)
+
+
+def test_mhrope_positions_with_a_shared_allocation_are_accepted(qwen2):
+    patch_model(qwen2, "mhrope", allocation="mrope-interleave")
+    assert is_patched(qwen2)

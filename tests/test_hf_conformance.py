@@ -487,3 +487,35 @@ def test_rope_parameters_stock_accepts_are_accepted_and_used_as_stock(rope):
     assert torch.equal(got.sequences, want.sequences)
     for w, g in zip(want.logits, got.logits):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def _right_padded(inputs):
+    """The same two prompts with their padding moved after the prompt (attention mask 0 there)."""
+    shift = (1 - inputs["attention_mask"]).sum(1)  # left pads per sample
+    out = dict(inputs)
+    for key in ("input_ids", "mm_token_type_ids", "attention_mask"):
+        out[key] = torch.stack([row.roll(-int(s)) for row, s in zip(inputs[key], shift)])
+    return out
+
+
+def test_right_padded_generate_follows_the_stock_full_forward(pair):
+    """Cached generation after a right-padded prompt equals transformers' own forward over the whole sequence.
+
+    The reference is the stock model's teacher-forced forward (it skips the masked pads when it places the
+    generated tokens). Stock ``generate`` itself is not the reference: it counts the pads in its decoding
+    positions and so drifts from that forward (docs/hf.md, "Right padding").
+    """
+    stock, patched = pair
+    inputs = _right_padded(image_batch())
+    new = 4
+    with torch.no_grad():
+        out = patched.generate(**inputs, max_new_tokens=new, do_sample=False, output_logits=True,
+                               return_dict_in_generate=True, suppress_tokens=[IMG, VID])
+    ones = torch.ones(2, new, dtype=torch.long)
+    full = dict(inputs, input_ids=out.sequences,
+                attention_mask=torch.cat([inputs["attention_mask"], ones], 1),
+                mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], 0 * ones], 1))
+    stock.model.rope_deltas = None
+    want = _logits(stock, **full)[:, inputs["input_ids"].shape[1] - 1:-1]
+    for j, got in enumerate(out.logits):
+        torch.testing.assert_close(got, want[:, j], rtol=1e-5, atol=1e-5)

@@ -30,10 +30,21 @@ def test_rotate_queries_or_keys_equals_rotary_embedding_torch(dim, head_dim, the
                                ref_s.rotate_queries_or_keys(xs, offset=offset), rtol=0, atol=0)
 
 
-def test_rotate_queries_with_cached_keys_equals_rotary_embedding_torch():
+@pytest.mark.parametrize("q_len,k_len", [(3, 10), (1, 7), (5, 5)])
+@pytest.mark.parametrize("offset", [0, 1, 4, 100])
+def test_rotate_queries_with_cached_keys_equals_rotary_embedding_torch(q_len, k_len, offset):
+    """The offset moves the queries only (keys stay at 0 … k_len-1), as in rotary-embedding-torch."""
     ref, ours = RefRotary(32), RotaryEmbedding(32, interleaved=True)
-    q, k = _randn(1, 2, 3, 32, seed=1), _randn(1, 2, 10, 32, seed=2)
-    for a, b in zip(ours.rotate_queries_with_cached_keys(q, k), ref.rotate_queries_with_cached_keys(q, k)):
+    q, k = _randn(1, 2, q_len, 48, seed=1), _randn(1, 2, k_len, 48, seed=2)  # 16 channels pass through
+    got = ours.rotate_queries_with_cached_keys(q, k, offset=offset)
+    want = ref.rotate_queries_with_cached_keys(q, k, offset=offset)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # (B, L, H, D) layout: rotary-embedding-torch's seq_before_head_dim
+    qs, ks = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+    ref_s = RefRotary(32, seq_before_head_dim=True)
+    got = ours.rotate_queries_with_cached_keys(qs, ks, seq_dim=1, offset=offset)
+    for a, b in zip(got, ref_s.rotate_queries_with_cached_keys(qs, ks, offset=offset)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

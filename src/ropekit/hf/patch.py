@@ -162,9 +162,10 @@ def _geometry(
         ) from None
     if W.ndim == 3:
         raise ValueError(
-            f"patch_model: design {name!r} uses the per-head allocation {alloc!r}, which the patched Qwen models "
-            f"cannot apply (their rotary tables are shared by all heads); pass allocation='mrope-interleave' "
-            f"for its positions with a shared allocation, or use ropekit.RoPE for per-head rotation"
+            f"patch_model: design {name!r} uses the per-head allocation {alloc!r}, which patched models (Qwen-VL "
+            f"and LLaVA alike) cannot apply (their rotary tables are shared by all heads); pass "
+            f"allocation='mrope-interleave' for its positions with a shared allocation, or use ropekit.RoPE for "
+            f"per-head rotation"
         )
     if scaling is None or scaling.rope_type == "default":
         return _Geometry(name, dict(options), alloc, W, dim=head_dim, base=base)

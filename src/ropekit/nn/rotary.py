@@ -149,13 +149,18 @@ class RotaryEmbedding(nn.Module):
     def rotate_queries_with_cached_keys(
         self, q: torch.Tensor, k: torch.Tensor, seq_dim: int = -2, offset: int | float = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys at ``offset …``, the (fewer) queries at the last positions of the keys' range."""
+        """Keys at positions ``0 … k_len-1``; the (fewer) queries at ``k_len - q_len + offset …``.
+
+        With ``offset=0`` the queries are the last ``q_len`` of the keys' tokens. ``offset`` moves the queries
+        only, never the keys, as rotary-embedding-torch's method of the same name does: it counts from the
+        end of the keys' range minus the queries' length, not from 0.
+        """
         sd = self._seq_dim(q, seq_dim)
         q_len, k_len = q.shape[sd], k.shape[self._seq_dim(k, seq_dim)]
         if q_len > k_len:
             raise ValueError(f"`q` has {q_len} tokens but `k` only {k_len}; queries must be the last keys' tokens")
         return (self.rotate_queries_or_keys(q, offset=offset + k_len - q_len, seq_dim=seq_dim),
-                self.rotate_queries_or_keys(k, offset=offset, seq_dim=seq_dim))
+                self.rotate_queries_or_keys(k, offset=0, seq_dim=seq_dim))
 
     def rotate(
         self,
