@@ -382,6 +382,19 @@ def test_every_decoding_step_places_and_scores_as_stock(pair, case):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
+def test_beam_search_and_several_sequences_per_prompt_match_stock(pair):
+    """Beams and num_return_sequences expand the placed batch; every beam decodes at stock's positions."""
+    stock, patched = pair
+    inputs = image_batch()
+    kw = dict(num_beams=3, num_return_sequences=2, output_scores=True)
+    want, want_pos = _stepwise(stock, inputs, **kw)
+    got, got_pos = _stepwise(patched, inputs, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(got.sequences_scores, want.sequences_scores, rtol=1e-6, atol=1e-6)
+    for w, g in zip(want_pos[1:], got_pos[1:]):
+        assert torch.equal(g, w)
+
+
 ASSISTED = {"same instance": lambda m: dict(assistant_model=m),
             "separate copy": lambda m: dict(assistant_model=copy.deepcopy(m)),
             "prompt lookup": lambda m: dict(prompt_lookup_num_tokens=2)}

@@ -322,6 +322,19 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     return None
 
 
+def _called_by_stock_generate(depth: int = 6) -> bool:
+    """Whether a stock ``_prepare_position_ids_for_generation`` is among the nearest callers (a patched
+    generation model replaces that method by a hook that never asks for stock positions)."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_prepare_position_ids_for_generation":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``get_rope_index`` of a patched model: the design's positions ``(3, B, L)`` and ``rope_deltas (B, 1)``,
     in transformers' conventions (padding at 0; integer tensors when every position is a whole number).
@@ -330,7 +343,7 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     and the call an unpatched ``generate`` around a patched bare model makes (it would pass these positions
     on and extend them with stock rules).
     """
-    if sys._getframe(2).f_code.co_name == "_prepare_position_ids_for_generation":  # caller ← Hook.__call__ ← here
+    if _called_by_stock_generate():
         raise ValueError(
             f"patched model: {type(hook.owner).__name__}.get_rope_index was called by the generate of an unpatched "
             f"...ForConditionalGeneration around a bare model patched by ropekit; it would extend the positions "
