@@ -28,6 +28,8 @@ from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, u
 import ropekit.hf.hooks as hfhooks
 import ropekit.hf.state as hfstate
 
+from hf_compat import checkpointing_off, checkpointing_on
+
 IMG, VID, PAD = 70, 71, 0
 CACHE = cache_keyword(Qwen2VLForConditionalGeneration.forward)  # "cache" since transformers 5.24
 SECTIONS = [2, 3, 3]  # head_dim 16
@@ -495,10 +497,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(qwen2):
     qwen2.train()
     try:
         plain = grads()
-        qwen2.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing_on(qwen2, use_reentrant=False)
         ckpt = grads()
     finally:
-        qwen2.activation_checkpointing_disable()
+        checkpointing_off(qwen2)
         qwen2.eval()
     for a, b in zip(plain, ckpt):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

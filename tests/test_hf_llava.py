@@ -19,6 +19,8 @@ from ropekit import Image, Layout, Text
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
 from ropekit.hf.adapters.llava import scaled_sections
 
+from hf_compat import checkpointing_off, checkpointing_on
+
 IMG, PAD = 70, 0
 SIDE = 2  # image_size 4 / patch_size 2: 2x2 image tokens
 DESIGNS = [d for d in ropekit.designs() if ropekit.get_design(d).allocation != "mhrope"]
@@ -275,10 +277,10 @@ def checkpointed_gradients(model, inputs, labels, params):
     model.train()
     try:
         loss, plain = grads()
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing_on(model, use_reentrant=False)
         _, ckpt = grads()
     finally:
-        model.activation_checkpointing_disable()
+        checkpointing_off(model)
         model.eval()
     return loss, plain, ckpt
 

@@ -16,6 +16,8 @@ import ropekit
 from ropekit import Image, Layout, Text
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
 
+from hf_compat import checkpointing_off, checkpointing_on
+
 IMG, VID, PAD = 70, 71, 0
 ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5,
         "mrope_interleaved": True}
@@ -139,10 +141,10 @@ def test_age_training_and_checkpointing(qwen35):
     qwen35.train()
     try:
         loss, plain = grads()
-        qwen35.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing_on(qwen35, use_reentrant=False)
         _, ckpt = grads()
     finally:
-        qwen35.activation_checkpointing_disable()
+        checkpointing_off(qwen35)
         qwen35.eval()
     assert torch.isfinite(loss)
     for a, b in zip(plain, ckpt):

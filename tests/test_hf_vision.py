@@ -20,6 +20,8 @@ import ropekit
 from ropekit.rotations.directional import METHODS
 from ropekit.hf import VISION_FAMILIES, patch_vision_model, unpatch_vision_model
 
+from hf_compat import checkpointing_on
+
 ROOT = Path(__file__).resolve().parents[1]
 _QWEN_VISION = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
                     patch_size=2, temporal_patch_size=2, intermediate_size=40, window_size=8,
@@ -219,7 +221,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.manual_seed(0)
         model = patch_vision_model(_dinov3(), "liere", init_scale=1.0)
         if checkpointing:
-            model.activation_checkpointing_enable()
+            checkpointing_on(model)
         model.train()
         _out(model, x).square().mean().backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if "ropekit_rotary" in n})
