@@ -532,3 +532,19 @@ def test_right_padded_generate_follows_the_stock_full_forward(pair):
     want = _logits(stock, **full)[:, inputs["input_ids"].shape[1] - 1:-1]
     for j, got in enumerate(out.logits):
         torch.testing.assert_close(got, want[:, j], rtol=1e-5, atol=1e-5)
+
+
+def test_patch_inside_a_meta_device_context_then_load_weights(pair):
+    """Built and patched under `with torch.device("meta")` (how large checkpoints are initialised), then
+    materialised and loaded: the same logits as the stock model (the patch's tables live on the CPU)."""
+    stock, _ = pair
+    with torch.device("meta"):
+        empty = patch_model(type(stock)(copy.deepcopy(stock.config)), "mrope", continuation="spatial")
+    empty = empty.to_empty(device="cpu")
+    empty.load_state_dict(stock.state_dict())
+    for name, buf in stock.named_buffers():  # non-persistent buffers (inv_freq) are not in the state dict
+        empty.get_buffer(name).copy_(buf)
+    inputs = image_batch()
+    keep = inputs["attention_mask"].bool()
+    assert is_patched(empty)
+    assert torch.equal(_logits(empty.eval(), **inputs)[keep], _logits(stock, **inputs)[keep])

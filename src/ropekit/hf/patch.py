@@ -229,6 +229,13 @@ def patch_model(
     by ``save_pretrained``; ``patch_model(model)`` with no design restores the recorded patch (a
     ValueError when the config holds none).
     """
+    # the patch's own tables are built on the CPU (the hooks move them to the activations' device), also when
+    # it is called under a default-device context such as `with torch.device("meta")`
+    with torch.device("cpu"):
+        return _patch(model, design, age, allocation, options, sections, design_options)
+
+
+def _patch(model, design, age, allocation, options, sections, design_options) -> nn.Module:
     top, inner, text, adapter = _parts(model)
     restoring = design is _FROM_CONFIG
     if restoring:
