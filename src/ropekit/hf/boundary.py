@@ -79,6 +79,11 @@ class Contract:
     required: tuple = ()
     var_keyword: bool = False
 
+    def widened(self, names: Iterable[str]) -> "Contract":
+        """This contract, also knowing ``names`` (parameters a model family adds that the hook hands on unread)."""
+        names = frozenset(names)
+        return self if names <= self.known else Contract(self.known | names, self.required, self.var_keyword)
+
     def check(self, cls: type, method: str) -> tuple[str, ...]:
         """The method's named parameters in order (``self`` excluded); refuses what the contract does not
         know. Raises :class:`UnsupportedTransformersError`."""

@@ -161,6 +161,16 @@ def _grids_without_types() -> None:
     )
 
 
+def _videos_without_types(state: st._State, video_grid_thw, mm_token_type_ids) -> None:
+    """Refuse video grids without token types where ``input_ids`` cannot tell video tokens from image tokens."""
+    if video_grid_thw is not None and mm_token_type_ids is None and not state.adapter.video_ids_distinct:
+        raise ValueError(
+            f"patched model: video grids were given without `mm_token_type_ids`; {state.adapter.name} writes video "
+            f"frames with the image token id, so only mm_token_type_ids (text 0, image 1, video 2) tells them from "
+            f"images (the stock model requires it too); pass the processor's mm_token_type_ids"
+        )
+
+
 def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device) -> None:
     state = hook.state
     typed = length if mm_token_type_ids is None else mm_token_type_ids.shape[1]
@@ -171,6 +181,7 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
     has_grids = grids[0] is not None or grids[1] is not None
     if has_grids and mm_token_type_ids is None and input_ids is None:
         _grids_without_types()
+    _videos_without_types(state, grids[1], mm_token_type_ids)
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
     placed = not has_grids and (
         st.from_stash(state, types, mask, mask_4d) or st.continue_generated(state, types, mask, device)
@@ -306,6 +317,7 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     given = model_kwargs.get("mm_token_type_ids")
     if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
         _grids_without_types()
+    _videos_without_types(state, grids[1], given)
     types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
     mask = model_kwargs.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
@@ -400,7 +412,9 @@ def _tables(state: st._State, name: str, pos: torch.Tensor, device) -> tuple[tor
     pos = pos.to(device, torch.float32)
     W = st.frequencies(state, name, pos)
     c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(device)))
-    # the model's own apply uses rotate-half tables, so each half repeats the pair's value
+    if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL)
+        return c.repeat_interleave(2, dim=-1) * state.scaling, s.repeat_interleave(2, dim=-1) * state.scaling
+    # rotate-half tables: pair j on channels j and j + R/2, so each half repeats the pair's value
     return torch.cat([c, c], dim=-1) * state.scaling, torch.cat([s, s], dim=-1) * state.scaling
 
 
@@ -461,7 +475,7 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
                 cos, sin = (t[:, run[1]:run[1] + run[2]].contiguous() for t in (cos, sin))
             else:
                 cos, sin = _tables(state, name, pending[name], x.device)
-            geoms[name] = (cos.to(x.dtype), sin.to(x.dtype))
+            geoms[name] = (cos, sin) if state.float32_tables else (cos.to(x.dtype), sin.to(x.dtype))
     first = geoms[state.layer_geometry[0]]
     out = _Embeddings(first)
     out.geoms, out.positions = geoms, pending

@@ -31,12 +31,19 @@ from .adapters import ADAPTERS, Adapter
 from . import boundary, hooks, persist
 from .state import _Geometry, _State
 
-__all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "supported_models",
+           "SUPPORTED_MODEL_TYPES"]
 
-# model_type -> (native allocation for a 3-axis design, default mrope_section)
+# model_type -> (native allocation for a 3-axis design, default mrope_section in the config's own order)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, tuple[int, ...]]] = {
     name: (a.native_allocation, a.default_sections) for name, a in ADAPTERS.items()
 }
+
+
+def supported_models() -> list[str]:
+    """The transformers ``model_type``\ s :func:`patch_model` supports (their ``...ForConditionalGeneration`` or
+    bare ``...Model`` classes), sorted."""
+    return sorted(ADAPTERS)
 
 _STATE_ATTR = "_ropekit_patch"
 _FROM_CONFIG = "<from model.config.ropekit>"  # no design given: restore the patch the config records
@@ -48,7 +55,7 @@ _FROM_CONFIG = "<from model.config.ropekit>"  # no design given: restore the pat
 
 def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module, Adapter]:
     """(generation wrapper or None, bare model, text model, family adapter) of a supported model."""
-    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    supported = ", ".join(supported_models())
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch_model: `model` must be a transformers model (nn.Module), got {type(model).__name__}")
     mtype = getattr(getattr(model, "config", None), "model_type", None)
@@ -74,20 +81,25 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     ``generate`` hands on as model kwargs."""
     boundary.check_version("patch_model")
     checks = [(type(text.rotary_emb), "forward", hooks.CONTRACTS[hooks.rotary_forward])]
-    checks += [(t, "forward", hooks.CONTRACTS[hooks.layer_forward]) for t in dict.fromkeys(map(type, text.layers))]
+    checks += [(t, "forward", _layer_contract(adapter)) for t in dict.fromkeys(map(type, text.layers))]
     if adapter.one_d:
         checks += [(type(inner), "forward", hooks.LM_FORWARD), (type(top) if top else None, "forward", hooks.LM_FORWARD)]
         prepare = hooks.no_generation_position_ids
     else:
+        forward = hooks.MULTIMODAL_FORWARD.widened(adapter.forward_params)
         checks += [(type(inner), "compute_3d_position_ids", hooks.CONTRACTS[hooks.compute_3d_position_ids]),
-                   (type(inner), "forward", hooks.MULTIMODAL_FORWARD),
-                   (type(top) if top else None, "forward", hooks.MULTIMODAL_FORWARD)]
+                   (type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
         prepare = hooks.prepare_position_ids_for_generation
     if hasattr(inner, "get_rope_index"):
         checks.append((type(inner), "get_rope_index", hooks.CONTRACTS[hooks.get_rope_index]))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         checks.append((type(top), "_prepare_position_ids_for_generation", hooks.CONTRACTS[prepare]))
     boundary.check_all(checks)
+
+
+def _layer_contract(adapter: Adapter) -> boundary.Contract:
+    """The decoder-layer hook's contract, with the parameters the family's layers add (handed on unread)."""
+    return hooks.CONTRACTS[hooks.layer_forward].widened(adapter.layer_params)
 
 
 def _state(model: nn.Module) -> Optional[_State]:
@@ -152,7 +164,7 @@ def _geometry(
     check_options(d, options)
     num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
     alloc = allocation or (native if d.allocation == "mrope" else d.allocation)
-    secs = list(sections) if _uses_sections(alloc, num_axes, sections) else None
+    secs = list(sections) if _uses_sections(alloc, num_axes, sections, native) else None
     try:
         W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
     except (ValueError, TypeError) as e:
@@ -175,9 +187,11 @@ def _geometry(
                      dim=head_dim, base=base)
 
 
-def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int]) -> bool:
-    """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``."""
-    return allocation in ("mrope", "interleaved") and len(sections) == num_axes
+def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int], native: str) -> bool:
+    """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``: the
+    chunked and interleaved layouts, and the model's native layout (ERNIE-4.5-VL's ``videorope``, whose temporal
+    tail the model's ``mrope_section`` sets)."""
+    return allocation in ("mrope", "interleaved", native) and len(sections) == num_axes
 
 
 def _check_sections(sections: Any, head_dim: int) -> list[int]:
@@ -290,7 +304,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         for n in dict.fromkeys(names)
     }
     allocations = {n: g.allocation for n, g in geometries.items()}
-    if given_sections and not any(_uses_sections(g.allocation, g.W.shape[0], sections) for g in geometries.values()):
+    if given_sections and not any(_uses_sections(g.allocation, g.W.shape[0], sections, native)
+                                  for g in geometries.values()):
         raise ValueError(
             f"patch_model: `sections` {sections} would be ignored: no layer's design splits its frequencies by "
             f"sections (allocation 'mrope' or 'interleaved' with {len(sections)} axes); the layers use "
@@ -310,6 +325,9 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         scaling=attention_factor(scaling),
         merge=adapter.merge(vcfg),
         tokens_per_second=adapter.tokens_per_second(vcfg),
+        temporal_merge=adapter.temporal_merge(vcfg),
+        layout=adapter.table_layout(text),
+        float32_tables=adapter.float32_tables,
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
     )
@@ -319,7 +337,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
     for i, layer in enumerate(layers):
-        hooks.install(layer, "forward", hooks.layer_forward, state, index=i, geometry=names[i])
+        hooks.install(layer, "forward", hooks.layer_forward, state, contract=_layer_contract(adapter), index=i,
+                      geometry=names[i])
     if hasattr(inner, "get_rope_index"):
         hooks.install(inner, "get_rope_index", hooks.get_rope_index, state)
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):

@@ -60,6 +60,9 @@ class _State:
     tokens_per_second: Optional[float]
     image_token_id: Optional[int]
     video_token_id: Optional[int]
+    temporal_merge: int = 1  # video grid steps per token step (ERNIE-4.5-VL's temporal_merge_size)
+    layout: str = "half"  # the model's cos/sin layout of a frequency pair (Adapter.pair_layout)
+    float32_tables: bool = False  # hand the layers float32 cos/sin whatever the activations' dtype
     prompt: Optional[_Prompt] = None  # the last prompt placed, for cached decoding
     pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
     stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
@@ -107,7 +110,8 @@ def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
             out.append(g)
             continue
         g = torch.as_tensor(g)
-        tokens = g.prod(dim=1) // (state.merge ** 2)
+        tokens = g.prod(dim=1) // (state.merge ** 2) if kind == 1 else state.adapter.video_tokens(
+            g, state.merge, state.temporal_merge)
         visible = int((is_kind & (mask != 0)).sum())
         used = int((tokens.cumsum(0) <= visible).sum())
         out.append(g[:used])
@@ -127,7 +131,7 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
     ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
     ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
     image_grid_thw, video_grid_thw, seconds = prompt.grids
-    video_grid_thw = state.adapter.video_grids(video_grid_thw)
+    video_grid_thw = state.adapter.video_grids(video_grid_thw, state.temporal_merge)
     timing = {}
     if state.tokens_per_second is not None:
         timing = dict(tokens_per_second=state.tokens_per_second, second_per_grid_ts=seconds)

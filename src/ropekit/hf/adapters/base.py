@@ -11,6 +11,26 @@ import torch
 from torch import nn
 
 
+def partial_rotary_dim(text: nn.Module) -> int:
+    """Rotated channels per head as transformers' default rotary computes them: the config's ``head_dim`` (or
+    hidden size / heads) times ``partial_rotary_factor`` from ``rope_parameters``."""
+    cfg = text.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    factor = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    return int(head_dim * factor)
+
+
+def split_frames(video_grid_thw: Any) -> Any:
+    """One ``(1, h, w)`` grid per frame of each video: families whose processor writes every frame as a block of
+    its own (timestamp text between frames) and whose position code places each frame as an image."""
+    if video_grid_thw is None:
+        return None
+    g = torch.as_tensor(video_grid_thw)
+    per_frame = torch.repeat_interleave(g, g[:, 0], dim=0)
+    per_frame[:, 0] = 1
+    return per_frame
+
+
 class Adapter:
     """A model family's specifics. Subclasses set the class attributes and override what differs."""
 
@@ -18,6 +38,21 @@ class Adapter:
     native_allocation: str = "mrope"  # the frequency layout of a 3-axis design in this family
     default_sections: tuple[int, ...] = (16, 24, 24)  # mrope_section when the config has none
     one_d: bool = False  # the language model takes 1-D position ids (no compute_3d_position_ids to hook)
+    #: how the model's cos/sin tables lay frequency pair j over a head's rotated channels: "half" (channels j and
+    #: j + R/2, transformers' rotate_half) or "pairs" (channels 2j and 2j + 1, GPT-J style)
+    pair_layout: str = "half"
+    #: the model hands its attention float32 cos/sin whatever the activations' dtype (it rotates in float32)
+    float32_tables: bool = False
+    #: input_ids tell video tokens from image tokens (GLM-4V writes video frames with the image token id)
+    video_ids_distinct: bool = True
+    #: parameters of the multimodal forwards beyond the common ones (what generate may hand on), and of the
+    #: decoder layers' forward, that the family adds and the patch hands on unread (MoE routing switches)
+    forward_params: frozenset = frozenset()
+    layer_params: frozenset = frozenset()
+
+    @property
+    def name(self) -> str:
+        return self.model_type
 
     def parts(self, model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module]:
         """(generation wrapper or None, bare multimodal model, text model) of ``model``."""
@@ -31,6 +66,10 @@ class Adapter:
         """Channels per head the model rotates (the head dim, less under partial rotary)."""
         return int(text.layers[0].self_attn.head_dim)
 
+    def table_layout(self, text: nn.Module) -> str:
+        """:attr:`pair_layout` of this model's text model (a family whose text model may vary overrides it)."""
+        return self.pair_layout
+
     def merge(self, vision_config: Any) -> int:
         """Patches merged per token side (the grid given to the design is divided by this)."""
         return int(getattr(vision_config, "spatial_merge_size", 2))
@@ -43,9 +82,22 @@ class Adapter:
         """Temporal positions per second of video, when the family scales video time (else None)."""
         return None
 
-    def video_grids(self, video_grid_thw: Any) -> Any:
-        """The video grids ropekit places (a family may split a video into per-frame grids)."""
-        return video_grid_thw
+    def temporal_merge(self, vision_config: Any) -> int:
+        """Video grid steps merged into one token step (the grid's ``t`` given to the design is divided by this)."""
+        return 1
+
+    def video_grids(self, video_grid_thw: Any, temporal_merge: int = 1) -> Any:
+        """The video grids ropekit places (a family may split a video into per-frame grids); ``t`` divided by
+        ``temporal_merge`` (:meth:`temporal_merge`), as the model's position code divides it."""
+        if video_grid_thw is None or temporal_merge == 1:
+            return video_grid_thw
+        g = torch.as_tensor(video_grid_thw).clone()
+        g[:, 0] //= temporal_merge
+        return g
+
+    def video_tokens(self, video_grid_thw: torch.Tensor, merge: int, temporal_merge: int = 1) -> torch.Tensor:
+        """Tokens each video (a row of ``video_grid_thw``) fills in the language model."""
+        return video_grid_thw.prod(dim=1) // (merge ** 2) // temporal_merge
 
     def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
         """1-D families: (token types, image_grid_thw, video_grid_thw) of one forward, from the image (1) and

@@ -3,6 +3,7 @@ decoder whose linear-attention layers take no positions. The sections its config
 the rotated pairs only, as transformers reads them."""
 from torch import nn
 
+from .base import partial_rotary_dim
 from .qwen3_vl import Qwen3VL
 
 
@@ -11,7 +12,4 @@ class Qwen3_5(Qwen3VL):
     default_sections = (11, 11, 10)
 
     def rotary_dim(self, text: nn.Module) -> int:
-        cfg = text.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        factor = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-        return int(head_dim * factor)
+        return partial_rotary_dim(text)

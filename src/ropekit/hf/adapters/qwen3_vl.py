@@ -1,9 +1,7 @@
 """Qwen3-VL: interleaved ``mrope_section``; its processor separates video frames with timestamp text."""
 from typing import Any
 
-import torch
-
-from .base import Adapter
+from .base import Adapter, split_frames
 
 
 class Qwen3VL(Adapter):
@@ -24,10 +22,5 @@ class Qwen3VL(Adapter):
         width = len(range(2, min(3 * given[2], half), 3))
         return [half - height - width, height, width]
 
-    def video_grids(self, video_grid_thw: Any) -> Any:
-        if video_grid_thw is None:
-            return None
-        g = torch.as_tensor(video_grid_thw)
-        per_frame = torch.repeat_interleave(g, g[:, 0], dim=0)
-        per_frame[:, 0] = 1
-        return per_frame
+    def video_grids(self, video_grid_thw: Any, temporal_merge: int = 1) -> Any:
+        return split_frames(video_grid_thw)
