@@ -6,9 +6,12 @@ from .llava_onevision import LlavaOnevision
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
 from .qwen3_vl import Qwen3VL
+from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
+from .qwen3_5_moe import Qwen3_5Moe
 
-ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Llava(), Qwen3_5(), LlavaOnevision(),
-                                                LlavaNext(), LlavaNextVideo())}
+ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
+    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Llava(), LlavaNext(), LlavaNextVideo(),
+    LlavaOnevision())}
 
 __all__ = ["Adapter", "ADAPTERS"]
