@@ -1,5 +1,6 @@
 """Model-family adapters, by transformers ``model_type``."""
 from .base import Adapter
+from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
@@ -11,7 +12,7 @@ from .qwen3_5 import Qwen3_5
 from .qwen3_5_moe import Qwen3_5Moe
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
-    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Llava(), LlavaNext(), LlavaNextVideo(),
+    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(), Llava(), LlavaNext(), LlavaNextVideo(),
     LlavaOnevision())}
 
 __all__ = ["Adapter", "ADAPTERS"]
