@@ -1,5 +1,6 @@
 """Model-family adapters, by transformers ``model_type``."""
 from .base import Adapter
+from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
@@ -14,6 +15,6 @@ from .qwen3_5_moe import Qwen3_5Moe
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision())}
+    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision())}
 
 __all__ = ["Adapter", "ADAPTERS"]
