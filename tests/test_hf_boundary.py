@@ -22,6 +22,7 @@ from ropekit.hf.boundary import CACHE_NAMES, TESTED_TRANSFORMERS, UnsupportedTra
 from ropekit.hf.hooks import Hook
 
 from test_hf_conformance import BUILDERS as QWEN_BUILDERS
+from test_hf_families_3axis import BUILDERS as FAMILY_BUILDERS
 from test_hf_llava import _build as _build_llava, _config as _llava_config
 from test_hf_vision import ENCODERS
 
@@ -48,6 +49,7 @@ BUILDERS = {
     "qwen3_vl": QWEN_BUILDERS["qwen3_vl"],
     "qwen3_5": _qwen3_5,
     "llava": lambda: _build_llava(_llava_config()),
+    **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, ernie4_5_vl_moe, paddleocr_vl
 }
 
 
@@ -206,3 +208,18 @@ def test_vision_patch_refuses_a_new_parameter_on_any_hooked_method(monkeypatch, 
     with pytest.raises(UnsupportedTransformersError, match=rf"{cls.__name__}\.{name}.*`{NEW}`"):
         patch_vision_model(model, "geope")
     assert not is_vision_patched(model)
+
+
+def test_a_parameter_one_family_adds_is_refused_on_the_others(models, monkeypatch):
+    """The MoE families' forwards take ``output_router_logits`` and ERNIE-4.5-VL's decoder layers
+    ``moe_mm_token_type_ids``; each family's contracts know only its own additions."""
+    model = models("qwen3_vl")
+    layer = type(model.model.language_model.layers[0])
+    for cls, name, param in [(type(model), "forward", "output_router_logits"),
+                             (layer, "forward", "moe_mm_token_type_ids")]:
+        with monkeypatch.context() as mp:
+            new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
+            _with_signature(mp, cls, name, lambda ps: _add(ps, new))
+            with pytest.raises(UnsupportedTransformersError, match=rf"{cls.__name__}\.{name}.*`{param}`"):
+                patch_model(model, "circle")
+        assert not is_patched(model)
