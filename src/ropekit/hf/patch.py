@@ -1,4 +1,5 @@
-"""ropekit position designs, allocations and AGE schedules inside Hugging Face Qwen-VL and LLaVA models.
+"""ropekit position designs, allocations and AGE schedules inside Hugging Face multimodal models (Qwen-VL, GLM-4V,
+ERNIE-4.5-VL, PaddleOCR-VL, LLaVA).
 
 :func:`patch_model` rewires one model *instance* (never the transformers classes) so that
 
@@ -222,7 +223,8 @@ def patch_model(
     sections: Optional[Sequence[int]] = None,
     **design_options: Any,
 ) -> nn.Module:
-    """Make a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / LLaVA(-NeXT, -NeXT-Video, -OneVision) instance use
+    """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
+    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision)) use
     ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
@@ -230,8 +232,8 @@ def patch_model(
     bool/design name per layer) layers on the schedule get ``design`` (or the first of a pair of names)
     and the others the second design (M-RoPE by default). ``allocation`` overrides the frequency
     layout (a name, or a mapping design → name); by default each design uses its own, and 3-axis
-    designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, interleaved on
-    Qwen3-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
+    designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, GLM-4V and PaddleOCR-VL,
+    interleaved on Qwen3-VL and Qwen3.5, VideoRoPE's on ERNIE-4.5-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
     per axis, summing to the rotary half-dim). On LLaVA (a 1-D language model) 3-axis designs default to
     chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling
     (``rope_parameters``: linear, dynamic, yarn, longrope, llama3) is applied to every geometry's
