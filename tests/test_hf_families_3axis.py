@@ -272,19 +272,19 @@ def test_stock_equivalent_forward_matches_stock(fam):
 
 
 def test_stock_equivalent_generate_matches_stock(fam):
-    """Greedy generate over a left-padded image batch: the same tokens, per-step logits and rope_deltas."""
+    """Greedy generate over left-padded images (and videos): the same tokens, per-step logits and rope_deltas."""
     _, family, model = fam
-    inputs, _ = make_batch(family, IMAGES)
     kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    batches = [inputs for inputs, _ in _batches(family)]
     with torch.no_grad():
-        want = model.generate(**inputs, **kw)
-        deltas = model.model.rope_deltas
+        want = [(model.generate(**inputs, **kw), model.model.rope_deltas) for inputs in batches]
         patch_model(model, "mrope", continuation="spatial")
-        got = model.generate(**inputs, **kw)
-    assert torch.equal(got.sequences, want.sequences)
-    for w, g in zip(want.logits, got.logits):
-        assert torch.equal(g, w)
-    assert torch.equal(model.model.rope_deltas, deltas)
+        for inputs, (ref, deltas) in zip(batches, want):
+            got = model.generate(**inputs, **kw)
+            assert torch.equal(got.sequences, ref.sequences)
+            for w, g in zip(ref.logits, got.logits):
+                assert torch.equal(g, w)
+            assert torch.equal(model.model.rope_deltas, deltas)
 
 
 def _encoded(model, inputs):
