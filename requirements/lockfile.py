@@ -8,9 +8,10 @@
 Run it with the interpreter of the environment it is about (``.venv/bin/python requirements/...``).
 
 torch is never in a lock: the Makefile's TORCH_VERSION / TORCH_SPEC / TORCH_INDEX_URL choose the build. A
-torch build may pin some of its own dependencies exactly (a CUDA wheel pins its triton and its CUDA
-libraries); those follow the build too: ``freeze`` leaves them out, and ``constraints`` drops the lines a
-lock has for what the installed torch pins, so a lock written with one torch build never fights another.
+torch build may pin or cap some of its own dependencies (a CUDA wheel pins its triton and its CUDA
+libraries, each release other versions); those follow the build too: ``freeze`` leaves them (and any
+``nvidia-*`` / ``cuda-*`` library) out, and ``constraints`` drops a lock's lines for what the installed
+torch pins or caps, so a lock written with one torch build never fights another.
 """
 from __future__ import annotations
 
@@ -46,22 +47,28 @@ def _applies(req: Requirement) -> bool:
     return req.marker is None or req.marker.evaluate({**default_environment(), "extra": ""})
 
 
-def _exact_pins(requirements: list[str]) -> dict[str, str]:
-    """{name: spec} of the requirements that allow exactly one version."""
-    pins = {}
+def _bounded(requirements: list[str]) -> dict[str, str]:
+    """{name: specifier} of the requirements that cap the version (``==``, ``<``, ``<=``, ``~=``)."""
+    caps = {}
     for line in requirements:
         req = Requirement(line)
-        if _applies(req) and any(s.operator in ("==", "===") and "*" not in s.version for s in req.specifier):
-            pins[canonical(req.name)] = str(req.specifier)
-    return pins
+        if _applies(req) and any(s.operator in ("==", "===", "<", "<=", "~=") for s in req.specifier):
+            caps[canonical(req.name)] = str(req.specifier)
+    return caps
 
 
-def torch_pins() -> dict[str, str]:
-    """What the installed torch build pins exactly (empty when torch is not installed)."""
+def torch_owned() -> dict[str, str]:
+    """What the installed torch build pins or caps itself (empty when torch is not installed): a CUDA
+    wheel's triton, its CUDA libraries. A lock's line for one of them would fight any other torch build."""
     try:
-        return _exact_pins(importlib.metadata.requires("torch") or [])
+        return _bounded(importlib.metadata.requires("torch") or [])
     except importlib.metadata.PackageNotFoundError:
         return {}
+
+
+def _cuda(name: str) -> bool:
+    """A CUDA runtime distribution (``nvidia-*``, ``cuda-*``): only ever there for a CUDA torch build."""
+    return name.startswith(("nvidia-", "cuda-"))
 
 
 def _pip(*args: str) -> str:
@@ -73,13 +80,13 @@ def _pip(*args: str) -> str:
 
 def freeze(title: str) -> str:
     """The running environment's packages, one ``name==version`` a line, less NEVER and torch's own pins."""
-    left_out = NEVER | set(torch_pins())
+    left_out = NEVER | set(torch_owned())
     pins, skipped = [], []
     for line in _pip("freeze", "--all", "--exclude-editable").splitlines():
         name, sep, version = line.partition("==")
         if not sep:  # a direct reference (name @ url) has no version a lock could repeat
             skipped.append(line)
-        elif canonical(name) not in left_out:
+        elif canonical(name) not in left_out and not _cuda(canonical(name)):
             pins.append(f"{name}=={version}")
     for line in skipped:
         print(f"lockfile.py: left out of the lock (not a released version): {line}", file=sys.stderr)
@@ -92,7 +99,7 @@ def freeze(title: str) -> str:
         f"# {title}",
         f"# Written by `make lock` on {when} (Python {platform.python_version()}, torch {torch}, {sys.platform});"
         " do not edit by hand.",
-        "# Not here: ropekit, pip, torch and what a torch build pins itself (the Makefile's TORCH_* choose them).",
+        "# Not here: ropekit, pip, torch and what a torch build pins itself (the Makefile's TORCH_* decide those).",
     ]
     return "\n".join(header + sorted(pins, key=canonical)) + "\n"
 
@@ -117,11 +124,12 @@ def _release(spec: str) -> dict:
 def constraints(lock: str, relax: str | None = None) -> str:
     """The lock as this environment applies it.
 
-    Lines for what the installed torch pins exactly are dropped (the torch build decides them). With
+    Lines for what the installed torch pins or caps, and for CUDA libraries, are dropped (the torch build
+    decides them). With
     ``relax="transformers==X"``: the lock's own line for that package goes, and so does every pin that
     X's requirements rule out (X then brings the versions it needs; everything else stays locked).
     """
-    dropped = dict.fromkeys(torch_pins(), "pinned by the installed torch")
+    dropped = dict.fromkeys(torch_owned(), "the installed torch build decides it")
     if relax:
         wanted = Requirement(relax)
         dropped[canonical(wanted.name)] = f"replaced by {relax}"
@@ -134,6 +142,8 @@ def constraints(lock: str, relax: str | None = None) -> str:
     for name, line in _lock_lines(lock):
         if relax and name in needs and not needs[name].contains(Version(line.split("==", 1)[1]), prereleases=True):
             dropped[name] = f"{relax} needs {name}{needs[name]}"
+        if _cuda(name):
+            dropped.setdefault(name, "a CUDA library: the torch build decides it")
         if name in dropped:
             print(f"lockfile.py: not constraining {line} ({dropped[name]})", file=sys.stderr)
         else:
