@@ -32,10 +32,11 @@ LOCKFILE := requirements/lockfile.py
 CONSTRAINTS := $(VENV)/constraints.txt
 
 # the compatibility environments, and what they install: the hf extra and the test runner
-# (tests/conftest.py loads hypothesis); the tests they run: the Hugging Face ones
+# (tests/conftest.py loads hypothesis); the tests they run: the Hugging Face ones, stopping at the
+# first failure (a release that breaks the hooks fails hundreds of them; CI needs only to know)
 COMPAT := .venv-compat
 COMPAT_PKGS := -e ".[hf]" pytest hypothesis
-HF_TESTS := $(sort $(wildcard tests/test_hf*.py))
+HF_TESTS := -x $(sort $(wildcard tests/test_hf*.py))
 LOCKED_TRANSFORMERS := $(shell sed -n 's/^transformers==//p' $(LOCK) 2>/dev/null)
 FLOOR_STAMP := $(COMPAT)/floor/.ropekit-compat
 # the floor `make lock` pins: pyproject's transformers>= (tests/test_setup.py keeps it equal to the boundary's)
