@@ -9,7 +9,7 @@
 # To switch builds in an existing .venv, `make clean` first.
 #
 # Everything else comes from the lock (requirements/lock.txt, passed to pip with -c): the versions the
-# suite last ran with. torch is not in it, nor what a torch build pins itself (a CUDA wheel's triton);
+# suite last ran with. torch is not in it, nor what a torch build pins or caps (a CUDA wheel's triton);
 # `make lock` bumps it. `make test-compat` runs the Hugging Face tests with the oldest transformers
 # ropekit supports and with the newest one out. See docs/development.md.
 PYTHON ?= python3
@@ -36,7 +36,7 @@ CONSTRAINTS := $(VENV)/constraints.txt
 # first failure (a release that breaks the hooks fails hundreds of them; CI needs only to know)
 COMPAT := .venv-compat
 COMPAT_PKGS := -e ".[hf]" pytest hypothesis
-HF_TESTS := -x $(sort $(wildcard tests/test_hf*.py))
+HF_TESTS := $(sort $(wildcard tests/test_hf*.py))
 LOCKED_TRANSFORMERS := $(shell sed -n 's/^transformers==//p' $(LOCK) 2>/dev/null)
 FLOOR_STAMP := $(COMPAT)/floor/.ropekit-compat
 # the floor `make lock` pins: pyproject's transformers>= (tests/test_setup.py keeps it equal to the boundary's)
@@ -117,7 +117,7 @@ $(FLOOR_STAMP): pyproject.toml $(LOCK_FLOOR)
 test-compat: $(FLOOR_STAMP)
 	@echo "== test-compat: Hugging Face tests with transformers" \
 		"$$($(COMPAT)/floor/bin/python -c 'import transformers; print(transformers.__version__)') (the floor)"
-	$(COMPAT)/floor/bin/python -m pytest $(HF_TESTS)
+	$(COMPAT)/floor/bin/python -m pytest -x $(HF_TESTS)
 	@newest=$$($(COMPAT)/floor/bin/python $(LOCKFILE) newest transformers) && \
 	if [ "$$newest" = "$(LOCKED_TRANSFORMERS)" ]; then \
 		echo "== test-compat: the newest transformers, $$newest, is the locked one make test ran with; not run again"; \
@@ -136,7 +136,7 @@ compat-newest: $(COMPAT)/newest/.ropekit-transformers-$(NEWEST)
 	@echo "== test-compat: Hugging Face tests with transformers" \
 		"$$($(COMPAT)/newest/bin/python -c 'import transformers; print(transformers.__version__)')" \
 		"(the newest release; the lock has $(LOCKED_TRANSFORMERS))"
-	$(COMPAT)/newest/bin/python -m pytest $(HF_TESTS)
+	$(COMPAT)/newest/bin/python -m pytest -x $(HF_TESTS)
 
 $(COMPAT)/newest/.ropekit-transformers-%: pyproject.toml $(LOCK)
 	$(call fresh_venv,$(COMPAT)/newest)
