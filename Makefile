@@ -7,10 +7,16 @@
 #   another release:           make test TORCH_VERSION=2.12.0   (or TORCH_SPEC='torch>=2.5')
 # torch goes in first, so installing ropekit finds it satisfied and never swaps it for another build.
 # To switch builds in an existing .venv, `make clean` first.
+#
+# Everything else comes from the lock (requirements/lock.txt, passed to pip with -c): the versions the
+# suite last ran with. torch is not in it, nor what a torch build pins or caps (a CUDA wheel's triton);
+# `make lock` bumps it. `make test-compat` runs the Hugging Face tests with the oldest transformers
+# ropekit supports and with the newest one out. See docs/development.md.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_URL ?=
+TORCH_FROM := $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX_URL)) )
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
@@ -19,28 +25,54 @@ BASE_STAMP := $(VENV)/.ropekit-base
 TEST_STAMP := $(VENV)/.ropekit-test
 BENCH_STAMP := $(VENV)/.ropekit-bench
 
-.PHONY: demo test bench bench-quick setup clean experiments
+LOCK := requirements/lock.txt
+LOCK_FLOOR := requirements/lock-floor.txt
+LOCKFILE := requirements/lockfile.py
+# the lock as one venv applies it (written by lockfile.py once that venv's torch is in)
+CONSTRAINTS := $(VENV)/constraints.txt
 
-$(BASE_STAMP): pyproject.toml
+# the compatibility environments, and what they install: the hf extra and the test runner
+# (tests/conftest.py loads hypothesis); the tests they run: the Hugging Face ones, stopping at the
+# first failure (a release that breaks the hooks fails hundreds of them; CI needs only to know)
+COMPAT := .venv-compat
+COMPAT_PKGS := -e ".[hf]" pytest hypothesis
+HF_TESTS := $(sort $(wildcard tests/test_hf*.py))
+LOCKED_TRANSFORMERS := $(shell sed -n 's/^transformers==//p' $(LOCK) 2>/dev/null)
+FLOOR_STAMP := $(COMPAT)/floor/.ropekit-compat
+# the floor `make lock` pins: pyproject's transformers>= (tests/test_setup.py keeps it equal to the boundary's)
+PYPROJECT_FLOOR := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+LOCK_VENV := .venv-lock
+
+# $(call fresh_venv,DIR): a new venv at DIR (any old one removed) with the newest pip and the torch build
+fresh_venv = rm -rf $(1) && $(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
+	&& $(1)/bin/python -m pip install -q $(TORCH_FROM)"$(TORCH_SPEC)"
+
+.PHONY: demo test bench bench-quick setup clean experiments lock test-compat compat-newest
+
+$(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
-	$(PIP) $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX_URL)) )"$(TORCH_SPEC)"
-	$(PIP) -e .
+	$(PIP) $(TORCH_FROM)"$(TORCH_SPEC)"
+	$(PY) $(LOCKFILE) constraints $(LOCK) > $(CONSTRAINTS)
+	$(PIP) -e . -c $(CONSTRAINTS)
 	touch $@
 
 $(TEST_STAMP): $(BASE_STAMP) pyproject.toml
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[test]" -c $(CONSTRAINTS)
 	touch $@
 
 $(BENCH_STAMP): $(BASE_STAMP) pyproject.toml
-	$(PIP) -e ".[bench]"
+	$(PIP) -e ".[bench]" -c $(CONSTRAINTS)
 	touch $@
 
+# .venv with the package only
 setup: $(BASE_STAMP)
 
+# the report of the built-in checks, no training: report/index.html
 demo: $(BASE_STAMP)
 	$(VENV)/bin/ropekit report --out report/
 
+# the whole suite, with the locked transformers (what CI runs first)
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests
 
@@ -53,11 +85,64 @@ experiments: $(BASE_STAMP)
 	$(VENV)/bin/ropekit experiment shape-bias --preset quick --threads 1 --out experiments/
 	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
 
+# every benchmark (docs/benchmarks.md)
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run
 
+# a one-minute subset of the benchmarks
 bench-quick: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --quick
 
+# bump the locks: a throwaway venv with the newest release of everything the test and bench extras
+# need, frozen into $(LOCK); then one with transformers at pyproject's floor, frozen into $(LOCK_FLOOR)
+lock:
+	$(call fresh_venv,$(LOCK_VENV))
+	$(LOCK_VENV)/bin/python -m pip install -q -e ".[test,bench]"
+	$(LOCK_VENV)/bin/python $(LOCKFILE) freeze --title "The test and bench environments (make test, bench, demo, experiments)." > $(LOCK).new
+	$(call fresh_venv,$(LOCK_VENV))
+	$(LOCK_VENV)/bin/python -m pip install -q $(COMPAT_PKGS) "transformers==$(PYPROJECT_FLOOR)"
+	$(LOCK_VENV)/bin/python $(LOCKFILE) freeze --title "make test-compat's floor environment: the oldest transformers ropekit supports." > $(LOCK_FLOOR).new
+	mv $(LOCK).new $(LOCK) && mv $(LOCK_FLOOR).new $(LOCK_FLOOR) && rm -rf $(LOCK_VENV)
+	@echo "lock: transformers $$(sed -n 's/^transformers==//p' $(LOCK)) in $(LOCK), $(PYPROJECT_FLOOR) in $(LOCK_FLOOR);" \
+		"now run make test and make test-compat, and commit both files"
+
+$(FLOOR_STAMP): pyproject.toml $(LOCK_FLOOR)
+	$(call fresh_venv,$(COMPAT)/floor)
+	$(COMPAT)/floor/bin/python $(LOCKFILE) constraints $(LOCK_FLOOR) > $(COMPAT)/floor/constraints.txt
+	$(COMPAT)/floor/bin/python -m pip install -q $(COMPAT_PKGS) -c $(COMPAT)/floor/constraints.txt
+	touch $@
+
+# the Hugging Face tests with the floor transformers ($(LOCK_FLOOR)), then with the newest release out,
+# unless that is the locked one `make test` already ran them with
+test-compat: $(FLOOR_STAMP)
+	@echo "== test-compat: Hugging Face tests with transformers" \
+		"$$($(COMPAT)/floor/bin/python -c 'import transformers; print(transformers.__version__)') (the floor)"
+	$(COMPAT)/floor/bin/python -m pytest -x $(HF_TESTS)
+	@newest=$$($(COMPAT)/floor/bin/python $(LOCKFILE) newest transformers) && \
+	if [ "$$newest" = "$(LOCKED_TRANSFORMERS)" ]; then \
+		echo "== test-compat: the newest transformers, $$newest, is the locked one make test ran with; not run again"; \
+	else \
+		$(MAKE) --no-print-directory compat-newest NEWEST=$$newest; \
+	fi
+
+ifneq ($(filter compat-newest,$(MAKECMDGOALS)),)
+ifeq ($(NEWEST),)
+$(error compat-newest needs NEWEST=VERSION (make test-compat sets it))
+endif
+endif
+
+# (test-compat's second half) the Hugging Face tests with transformers $(NEWEST), the rest of the lock where it fits
+compat-newest: $(COMPAT)/newest/.ropekit-transformers-$(NEWEST)
+	@echo "== test-compat: Hugging Face tests with transformers" \
+		"$$($(COMPAT)/newest/bin/python -c 'import transformers; print(transformers.__version__)')" \
+		"(the newest release; the lock has $(LOCKED_TRANSFORMERS))"
+	$(COMPAT)/newest/bin/python -m pytest -x $(HF_TESTS)
+
+$(COMPAT)/newest/.ropekit-transformers-%: pyproject.toml $(LOCK)
+	$(call fresh_venv,$(COMPAT)/newest)
+	$(COMPAT)/newest/bin/python $(LOCKFILE) constraints $(LOCK) --relax "transformers==$*" > $(COMPAT)/newest/constraints.txt
+	$(COMPAT)/newest/bin/python -m pip install -q $(COMPAT_PKGS) "transformers==$*" -c $(COMPAT)/newest/constraints.txt
+	touch $@
+
 clean:
-	rm -rf $(VENV) report
+	rm -rf $(VENV) $(COMPAT) $(LOCK_VENV) report

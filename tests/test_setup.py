@@ -3,6 +3,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,3 +63,83 @@ def test_property_tests_draw_the_same_examples_on_every_run_by_default():
     assert draws("dev") != draws("dev")  # 30 draws from 2·10^9 values: equal only by a bug
     if "HYPOTHESIS_PROFILE" not in os.environ:
         assert settings.default.derandomize and settings.default.deadline is None and settings.default.print_blob
+
+
+# ---- the lock: what the suite runs with, and the transformers range it was tested over ----
+
+LOCK = ROOT / "requirements" / "lock.txt"
+LOCK_FLOOR = ROOT / "requirements" / "lock-floor.txt"
+
+
+def _pins(lock: Path) -> dict[str, str]:
+    """{canonical name: version} of a lock file; every line that is not a comment pins one release."""
+    pins = {}
+    for line in lock.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[\w.!+]+", version), f"{lock.name}: not an exact pin: {line!r}"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def _pip_lines(recipe: str) -> list[str]:
+    return [ln for ln in recipe.splitlines() if "pip install" in ln]
+
+
+def test_transformers_floor_is_the_oldest_release_the_hooks_were_tested_with():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+
+    from ropekit.hf.boundary import TESTED_TRANSFORMERS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("hf", "test", "bench"):
+        floors = [re.fullmatch(r"transformers>=([\d.]+)", req) for req in extras[extra] if req.startswith("transformers")]
+        assert len(floors) == 1 and floors[0], f"the {extra} extra names transformers once, as transformers>=FLOOR"
+        assert floors[0][1] == TESTED_TRANSFORMERS[0], f"the {extra} extra's transformers floor is not the tested one"
+    assert any(req.startswith("accelerate>=") for req in extras["hf"])  # examples/finetune_vlm.py --trainer hf
+
+
+def test_locked_transformers_lie_in_the_tested_range():
+    from packaging.version import Version
+
+    from ropekit.hf.boundary import TESTED_TRANSFORMERS
+
+    low, high = map(Version, TESTED_TRANSFORMERS)
+    locked = Version(_pins(LOCK)["transformers"])
+    assert low <= locked <= high, (f"requirements/lock.txt has transformers {locked}, outside the range the hooks "
+                                   f"were tested over {TESTED_TRANSFORMERS}: test it, then update the range")
+    assert Version(_pins(LOCK_FLOOR)["transformers"]) == low  # make test-compat's floor environment
+
+
+def test_locks_leave_torch_and_ropekit_to_the_makefile():
+    for lock in (LOCK, LOCK_FLOOR):
+        pins = _pins(lock)
+        assert "torch" not in pins and "ropekit" not in pins and "pip" not in pins, lock.name
+        assert not [name for name in pins if name.startswith("nvidia-")], lock.name  # a CUDA torch's own pins
+    for package in ("accelerate", "hypothesis", "numpy", "matplotlib", "pytest", "rotary-embedding-torch",
+                    "huggingface-hub", "tokenizers", "safetensors"):
+        assert package in _pins(LOCK), f"requirements/lock.txt does not pin {package}"
+
+
+def test_every_target_installs_through_the_lock_except_torch():
+    for target in ("demo", "test", "bench", "bench-quick", "experiments", "setup"):
+        recipe = _recipe(target, "TORCH_VERSION=2.12.0")
+        assert "requirements/lockfile.py constraints requirements/lock.txt > .venv/constraints.txt" in recipe
+        for line in _pip_lines(recipe):
+            if "--upgrade pip" in line or '"torch==2.12.0"' in line:
+                assert " -c " not in line, line  # the torch build named by TORCH_* is never fought by the lock
+            else:
+                assert line.endswith(" -c .venv/constraints.txt"), line
+
+
+def test_compat_environments_and_lock_recipes():
+    floor = _recipe(".venv-compat/floor/.ropekit-compat")
+    assert "constraints requirements/lock-floor.txt > .venv-compat/floor/constraints.txt" in floor
+    assert _pip_lines(floor)[-1].endswith("-c .venv-compat/floor/constraints.txt")
+    newest = _recipe("compat-newest", "NEWEST=99.1.0")
+    assert '--relax "transformers==99.1.0"' in newest and '"transformers==99.1.0"' in _pip_lines(newest)[-1]
+    assert "pytest -x tests/test_hf.py " in newest
+    lock = _recipe("lock")
+    assert "> requirements/lock.txt.new" in lock and "> requirements/lock-floor.txt.new" in lock
+    assert ' -c ' not in lock  # the lock is written from the newest releases, not from itself
+    assert ".venv-compat" in _recipe("clean") and ".venv-lock" in _recipe("clean")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 #: the oldest and the newest transformers release the test suite has run the hooks against
-TESTED_TRANSFORMERS = ("5.20.0", "5.24.0")
+TESTED_TRANSFORMERS = ("5.18.0", "5.24.0")
 
 #: the KV-cache argument: its name since transformers 5.24, then the name before it (still accepted by
 #: transformers' deprecation shim, and by the hooks, while transformers accepts it)
