@@ -42,7 +42,7 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, tuple[int, ...]]] = {
 
 
 def supported_models() -> list[str]:
-    """The transformers ``model_type``\ s :func:`patch_model` supports (their ``...ForConditionalGeneration`` or
+    """The transformers model types :func:`patch_model` supports (their ``...ForConditionalGeneration`` or
     bare ``...Model`` classes), sorted."""
     return sorted(ADAPTERS)
 
