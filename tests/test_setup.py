@@ -111,6 +111,15 @@ def test_locked_transformers_lie_in_the_tested_range():
     assert Version(_pins(LOCK_FLOOR)["transformers"]) == low  # make test-compat's floor environment
 
 
+def test_the_docs_state_the_tested_transformers_range():
+    from ropekit.hf.boundary import TESTED_TRANSFORMERS
+
+    low, high = TESTED_TRANSFORMERS
+    assert f"Supported transformers: {low} to {high}" in (ROOT / "README.md").read_text()
+    assert f"Tested releases: transformers {low} (the oldest" in (ROOT / "docs" / "hf.md").read_text()
+    assert f"to {high}." in (ROOT / "docs" / "hf.md").read_text()
+
+
 def test_locks_leave_torch_and_ropekit_to_the_makefile():
     for lock in (LOCK, LOCK_FLOOR):
         pins = _pins(lock)
