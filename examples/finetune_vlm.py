@@ -191,14 +191,19 @@ def require_accelerate() -> None:
 def train_hf(model, dataset, args) -> list[float]:
     """The transformers ``Trainer`` (accelerate / torchrun / DeepSpeed / FSDP scale it out)."""
     require_accelerate()
+    import inspect
+
     from transformers import Trainer, TrainingArguments
 
+    # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing: use the installed name
+    names = inspect.signature(TrainingArguments).parameters
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     targs = TrainingArguments(
         output_dir=str(Path(args.output_dir) / "trainer"), max_steps=args.steps,
         per_device_train_batch_size=args.batch_size, learning_rate=args.lr, lr_scheduler_type="constant",
         logging_steps=1, save_strategy="no", report_to=[], remove_unused_columns=False, seed=args.seed,
-        bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing, use_cpu=args.cpu,
-        deepspeed=args.deepspeed, fsdp=args.fsdp or "", dataloader_pin_memory=False,
+        bf16=args.bf16, use_cpu=args.cpu, deepspeed=args.deepspeed, fsdp=args.fsdp or "", dataloader_pin_memory=False,
+        **{checkpointing: args.gradient_checkpointing},
     )
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collate)
     trainer.train()
@@ -255,8 +260,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if use_hf:
         losses = train_hf(model, dataset, args)
     else:
-        if args.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        if args.gradient_checkpointing:  # the 5.23+ name, else the older one
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         if torch.cuda.is_available() and not args.cpu:
             model.cuda()
         losses = train_loop(model, dataset, args)
