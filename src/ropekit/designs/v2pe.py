@@ -19,7 +19,7 @@ import torch
 
 from ..layout import Layout, Segment
 from ._common import frame_rows, positive_number
-from .registry import ragged_arange, register, walk
+from .registry import ragged_arange, register, segment_tokens, walk
 
 __all__ = ["v2pe", "v2pe_blocks"]
 
@@ -29,7 +29,7 @@ def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_s
     with ``visual_stride`` S, frame f's token i (1-based) at ``f·⌈S⌉ + i·S/n − 1``, advancing ``T·⌈S⌉``."""
     delta = positive_number(increment, "increment", "v2pe")
     if visual_stride is None:
-        n = torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
+        n = segment_tokens(segments)
         _, k = ragged_arange(n)
         return ((k + 1).to(torch.float64) * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
     stride = positive_number(visual_stride, "visual_stride", "v2pe")
