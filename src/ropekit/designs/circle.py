@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..layout import _FLOAT32_MAX, Image, Layout, Segment, _show, check_token_count
-from .registry import block_rows_np, register, video_blocks, walk
+from .registry import _ragged, block_rows_np, register, video_blocks, walk
 
 __all__ = ["circle", "circle_blocks", "ring_offsets", "MEASURES"]
 
@@ -98,21 +98,32 @@ def _rings(h, w, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torc
     h, w = as_np(h).astype(np.int64), as_np(w).astype(np.int64)
     lengths = h * w
     first = np.cumsum(lengths) - lengths
-    row_grid, _, row_index, token_row, token_col = block_rows_np(np.ones_like(h), h, w)
-    grid = row_grid[token_row]
+    # tokens are grid-major and rows row-major, so a per-grid (per-row) value of every token is a repeat
+    _, row_index = _ragged(h)
+    row_w = np.repeat(w, h)
+    _, token_col = _ragged(row_w)
     # eqs. 2–3: centre at the midpoint of the extent, ((w−1)/2, (h−1)/2); x − x is +0.0, so no −0.0 arises
     cx, cy = (w - 1).astype(np.float64) / 2, (h - 1).astype(np.float64) / 2
-    x = token_col.astype(np.float64) - cx[grid]
-    y = (row_index.astype(np.float64) - cy[row_grid])[token_row]
+    x = token_col.astype(np.float64)
+    x -= np.repeat(cx, lengths)
+    y = np.repeat(row_index.astype(np.float64) - np.repeat(cy, h), row_w)
     # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π] within each grid (a 1 × 1 grid: 0)
     theta = torch.atan2(torch.from_numpy(y), torch.from_numpy(x)).numpy()
     low = np.minimum.reduceat(theta, first)
     span = np.maximum.reduceat(theta, first) - low
     span = np.where(span > 0, span, 1.0)  # only a single token has no span, and its θ − θmin is 0
-    sa = (theta - low[grid]) / span[grid] * (2 * math.pi)  # × 2π is × 2 then × π: doubling is exact
+    sa = theta - np.repeat(low, lengths)
+    sa /= np.repeat(span, lengths)
+    sa *= 2 * math.pi  # × 2π is × 2 then × π: doubling is exact
     # eq. 7: grid-index angle; eq. 8: mix (the weights as torch forms them: 1 − alpha in alpha's own type)
-    ga = (np.arange(grid.shape[0], dtype=np.float64) - first[grid]) / lengths[grid].astype(np.float64) * (2 * math.pi)
-    mixed = float(alpha) * sa + float(1 - alpha) * ga
+    ga = np.arange(theta.shape[0], dtype=np.float64)
+    ga -= np.repeat(first, lengths)
+    ga /= np.repeat(lengths.astype(np.float64), lengths)
+    ga *= 2 * math.pi
+    sa *= float(alpha)
+    ga *= float(1 - alpha)
+    mixed = sa
+    mixed += ga
     # eq. 9 (l2) or the reference code's max |coordinate|: both largest at a corner of the centred grid
     spread = torch.sqrt(torch.from_numpy(cx * cx + cy * cy)).numpy() if measure == "l2" else np.maximum(cx, cy)
     if radius == "auto":
@@ -120,7 +131,7 @@ def _rings(h, w, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torc
         bad = ~(R <= _FLOAT32_MAX)
         if bad.any():
             _radius(radius, k, float(spread[np.flatnonzero(bad)[0]]))  # raises, naming `k`
-        R = R[grid]
+        R = np.repeat(R, lengths)
     else:
         R = _radius(radius, k, 0.0)
     # eq. 12, with the components (first, second, third) on the axes (w, h, t); built axis by axis as

@@ -195,11 +195,14 @@ def _image_blocks(t: np.ndarray, h: np.ndarray, w: np.ndarray, flips: torch.Tens
     row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
     step = h + w - 1  # frame_length
     frame_start = row_frame * step[row_block]
-    rows = (frame_start + row_index, frame_start + (h[row_block] - 1 - row_index))  # per row: i, reflected i
-    cols = (token_col, (w[row_block] - 1)[token_row] - token_col)  # per token: j, reflected j
+    rows = [(frame_start + row_index).astype(np.float64),  # per row: i, reflected i
+            (frame_start + (h[row_block] - 1 - row_index)).astype(np.float64)]
+    col = token_col.astype(np.float64)
+    cols = (col, (w[row_block] - 1).astype(np.float64)[token_row] - col)  # per token: j, reflected j
     offsets = np.empty((flips.shape[0], token_row.shape[0]))
     for c, (flip_i, flip_j) in enumerate(flips.tolist()):
-        np.add(rows[flip_i][token_row], cols[flip_j], out=offsets[c])
+        np.take(rows[flip_i], token_row, out=offsets[c])
+        offsets[c] += cols[flip_j]
     advance = torch.from_numpy((t * step).astype(np.float64))[:, None].expand(-1, flips.shape[0]).contiguous()
     return torch.from_numpy(offsets).T, advance
 
