@@ -287,7 +287,7 @@ def rope_index(
     d = get_design(design)
     rule = d.block_rule
     check_options(d, design_options)
-    axes = design_axes(d, Layout([Text(1)]), design_options)  # images and videos are 2-D in every design
+    axes = design_axes(d, _ONE_TEXT, design_options)  # images and videos are 2-D in every design
     if axes is not None:
         _check_coordinates(axes, shape[0], shape[1], f"rope_index: design {d.name!r}")
     if rule is not None and types.numel():
@@ -316,13 +316,13 @@ def _split_frames(types: torch.Tensor, valid: torch.Tensor, videos: Optional[tor
         raise TypeError(f"rope_index: `split_video_frames` must be True, False or None (auto), got {split!r}")
     if videos is None or split is False or not (videos.numpy()[:, 0] > 1).any():
         return videos, intervals
-    cut = videos[:, 0] > 1
     if split is None and runs is not None:
         run_len, kind = runs[1], runs[2]
         run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(videos.numpy().prod(axis=1))
         # runs here also break at masked tokens, so they end at least wherever the runs of valid tokens end
         if run_end.shape[0] and run_end[-1] == end[-1] and np.array_equal(end[np.searchsorted(end, run_end)], run_end):
             return videos, intervals
+    cut = videos[:, 0] > 1
     if split is None:  # a run of video tokens ends strictly inside the video: its frames are separate blocks
         sample = torch.arange(types.shape[0]).repeat_interleave(valid.sum(dim=1))
         keys, run_len = torch.unique_consecutive(sample * 3 + types[valid], return_counts=True)
@@ -437,6 +437,7 @@ def _index_per_layout(
     return out.permute(2, 0, 1).contiguous(), delta
 
 
+_ONE_TEXT = Layout([Text(1)])
 _PAD = -1  # kind of a padding run (attention mask 0), next to TEXT/IMAGE/VIDEO
 
 
@@ -499,12 +500,21 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
         return BlockTable(empty, empty, empty, empty.double(), empty.bool()), np.zeros(0, dtype=np.int64)
     thw = torch.cat(grids).numpy()
     n_img = 0 if images is None else images.shape[0]
-    keys = np.empty((thw.shape[0], 5))  # (is video, t, h, w, Δt): exact in float64 (sizes are checked < 2**52)
-    keys[:, 1:4] = thw
-    keys[:n_img, 0] = thw[:n_img, 0] > 1
-    keys[:n_img, 4] = keys[:n_img, 0]  # an image: Δt 0; an image grid with frames: a video of Δt 1
-    keys[n_img:, 0] = 1.0
-    keys[n_img:, 4] = intervals
+    is_video = np.ones(thw.shape[0], dtype=np.int64)
+    is_video[:n_img] = thw[:n_img, 0] > 1
+    interval = np.empty(thw.shape[0])
+    interval[:n_img] = is_video[:n_img]  # an image: Δt 0; an image grid with frames: a video of Δt 1
+    interval[n_img:] = intervals
+    levels, level = np.unique(interval, return_inverse=True)
+    if thw.max() < 2**20 and levels.shape[0] <= 4:  # one int64 key per block: (Δt level, is video, t, h, w)
+        key = (((level.reshape(-1) * 2 + is_video) << 60) | (thw[:, 0] << 40) | (thw[:, 1] << 20) | thw[:, 2])
+        keys, block_of_grid = np.unique(key, return_inverse=True)
+        distinct = np.empty((keys.shape[0], 5))
+        distinct[:, 0] = (keys >> 60) & 1
+        distinct[:, 1], distinct[:, 2], distinct[:, 3] = (keys >> 40) & (2**20 - 1), (keys >> 20) & (2**20 - 1), keys & (2**20 - 1)
+        distinct[:, 4] = levels[keys >> 61]
+        return _block_table(distinct), block_of_grid.reshape(-1)
+    keys = np.column_stack([is_video, thw, interval]).astype(np.float64)  # exact: sizes are checked < 2**52
     # distinct rows: sorted (np.unique(axis=0) does the same, several times slower on a few hundred rows)
     order = np.lexsort(keys.T[::-1])
     ordered = keys[order]
@@ -513,10 +523,14 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     distinct = ordered[new]
     block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
     block_of_grid[order] = np.cumsum(new) - 1
-    sizes = torch.from_numpy(distinct[:, 1:4].astype(np.int64))
-    table = BlockTable(sizes[:, 0], sizes[:, 1], sizes[:, 2], torch.from_numpy(distinct[:, 4].copy()),
-                       torch.from_numpy(distinct[:, 0] == 0))
-    return table, block_of_grid
+    return _block_table(distinct), block_of_grid
+
+
+def _block_table(distinct: np.ndarray) -> BlockTable:
+    """A BlockTable from rows ``(is video, t, h, w, Δt)``."""
+    sizes = distinct[:, 1:4].T.astype(np.int64)
+    return BlockTable(*(torch.from_numpy(x) for x in (sizes[0], sizes[1], sizes[2], distinct[:, 4].copy(),
+                                                      distinct[:, 0] == 0)))
 
 
 def _check_finite(bound: float, rule, design_options: dict) -> None:
@@ -569,23 +583,28 @@ def _index_by_rule(
     is_img, is_vid = kind == IMAGE, kind == VIDEO
     img_owner = _assign(run_len[is_img], images, "image_grid_thw", "image")
     vid_owner = _assign(run_len[is_vid], videos, "video_grid_thw", "video")
-    per_run = np.ones_like(run_len)
-    per_run[is_img] = np.bincount(img_owner, minlength=int(is_img.sum()))
-    per_run[is_vid] = np.bincount(vid_owner, minlength=int(is_vid.sum()))
-    seg_run = np.repeat(np.arange(run_len.shape[0]), per_run)
-    seg_kind, seg_sample, seg_len = kind[seg_run], sample[seg_run], run_len[seg_run]
-    seg_img, seg_vid, seg_text, seg_pad = seg_kind == IMAGE, seg_kind == VIDEO, seg_kind == TEXT, seg_kind == _PAD
-    seg_vis = seg_img | seg_vid
-    blocks, block_of_grid = _distinct_blocks(images, videos, intervals)
-    n_img = int(seg_img.sum())  # every image grid is one image segment (checked by _assign)
-    seg_block = np.zeros_like(seg_len)
-    if n_img:
-        seg_len[seg_img] = images.prod(dim=1).numpy()
-        seg_block[seg_img] = block_of_grid[:n_img]
-    if seg_vid.any():
-        seg_len[seg_vid] = videos.prod(dim=1).numpy()
-        seg_block[seg_vid] = block_of_grid[n_img:]
-    vis_block = seg_block[seg_vis]
+    n_img, n_vid = img_owner.shape[0], vid_owner.shape[0]
+    if n_img + n_vid == int(np.count_nonzero(kind > TEXT)):  # one grid per vision run: the runs are the segments
+        seg_kind, seg_sample, seg_len = kind, sample, run_len
+    else:
+        per_run = np.ones_like(run_len)
+        per_run[is_img] = np.bincount(img_owner, minlength=int(is_img.sum()))
+        per_run[is_vid] = np.bincount(vid_owner, minlength=int(is_vid.sum()))
+        seg_run = np.repeat(np.arange(run_len.shape[0]), per_run)
+        seg_kind, seg_sample, seg_len = kind[seg_run], sample[seg_run], run_len[seg_run]
+        if n_img:
+            seg_len[seg_kind == IMAGE] = images.prod(dim=1).numpy()
+        if n_vid:
+            seg_len[seg_kind == VIDEO] = videos.prod(dim=1).numpy()
+    text_idx, pad_idx = np.flatnonzero(seg_kind == TEXT), np.flatnonzero(seg_kind == _PAD)
+    vis_idx = np.flatnonzero(seg_kind > TEXT)
+    blocks, block_of_grid = _distinct_blocks(images if n_img else None, videos if n_vid else None, intervals)
+    if n_img and n_vid:  # the block of each vision segment, in token order (images and videos interleave)
+        vis_block = np.empty(n_img + n_vid, dtype=np.int64)
+        is_image = seg_kind[vis_idx] == IMAGE
+        vis_block[is_image], vis_block[~is_image] = block_of_grid[:n_img], block_of_grid[n_img:]
+    else:
+        vis_block = block_of_grid
 
     # every distinct block placed once by the design's rule
     offsets, advance, absolute, gap = unpack_placed(rule(blocks, **design_options))
@@ -597,9 +616,9 @@ def _index_by_rule(
     # start of every segment: sum of the advances before it in its sample, in order (as the walk adds them)
     num_seg = seg_len.shape[0]
     step = np.zeros((num_seg, axes))
-    step[seg_text] = seg_len[seg_text, None]
-    step[seg_vis] = advance.numpy()[vis_block]
-    per_sample = np.bincount(seg_sample, minlength=batch)
+    step[text_idx] = seg_len[text_idx, None]
+    step[vis_idx] = advance.numpy()[vis_block]
+    per_sample = np.bincount(seg_sample, minlength=batch)  # >= 1: every row is at least one run
     sample_first = np.cumsum(per_sample) - per_sample
     rank = np.arange(num_seg) - sample_first[seg_sample]
     width = int(per_sample.max())
@@ -608,22 +627,22 @@ def _index_by_rule(
         steps[seg_sample, rank + 1] = step
         start = np.cumsum(steps, axis=1, out=steps)[seg_sample, rank]
     else:  # the gap before a vision segment is its own step, added just before it as the walk does
-        vis_before = _exclusive_cumsum(seg_vis.astype(np.int64))
-        later = seg_vis & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
+        vis_before = _exclusive_cumsum((seg_kind > TEXT).astype(np.int64))
+        later = (seg_kind > TEXT) & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
         steps = np.zeros((batch, 2 * width + 1, axes))
         steps[seg_sample[later], 2 * rank[later] + 1] = gap.numpy()
         steps[seg_sample, 2 * rank + 2] = step
         start = np.cumsum(steps, axis=1, out=steps)[seg_sample, 2 * rank + 1]
-    start[seg_pad] = 0.0
+    start[pad_idx] = 0.0
     if absolute is not None:  # absolute axes of vision blocks do not add the start (see designs.registry)
-        start[seg_vis] *= ~absolute.numpy()
+        start[vis_idx] *= ~absolute.numpy()
 
     # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
-    pad_max = int(seg_len[seg_pad].max()) if seg_pad.any() else 0
-    text_max = int(seg_len[seg_text].max()) if seg_text.any() else 0
+    pad_max = int(seg_len[pad_idx].max()) if pad_idx.shape[0] else 0
+    text_max = int(seg_len[text_idx].max()) if text_idx.shape[0] else 0
     base = np.zeros_like(seg_len)
-    base[seg_text] = pad_max
-    base[seg_vis] = pad_max + text_max + block_first[vis_block]
+    base[text_idx] = pad_max
+    base[vis_idx] = pad_max + text_max + block_first[vis_block]
     low, high = (off.min(), off.max()) if off.size else (0.0, 0.0)
     off_max = float(np.maximum(-low, high))  # NaN stays NaN and is refused below
     start_max = float(np.abs(start).max())
@@ -648,32 +667,42 @@ def _index_by_rule(
     index = np.int32 if table.shape[1] + total < 2**31 else np.int64
     row = np.repeat((base - _exclusive_cumsum(seg_len)).astype(index), seg_len)
     row += np.arange(total, dtype=index)
-    diagonal = bool((start == start[:, :1]).all())  # every axis starts together (all but compact)
-    np_dtype = np.float32 if exact32 else np.float64
-    tok_start = np.repeat((start[:, :1] if diagonal else start).T.astype(np_dtype), seg_len, axis=1)
+    # start of every token, once per distinct column of segment starts (axes that start together share it:
+    # all of them in most designs, the absolute ones among themselves)
+    columns, column_of_axis = [], []
+    for a in range(axes):
+        same = [c for c, b in enumerate(columns) if np.array_equal(start[:, a], start[:, b])]
+        column_of_axis.append(same[0] if same else len(columns))
+        if not same:
+            columns.append(a)
+    tok_start = np.repeat(start[:, columns].T.astype(np_dtype), seg_len, axis=1)
     table, row, tok_start = torch.from_numpy(table), torch.from_numpy(row), torch.from_numpy(tok_start)
     if exact32:
         pos = torch.index_select(table, 1, row)
-        pos += tok_start
+        if len(columns) == 1:
+            pos += tok_start
+        else:
+            for a in range(axes):
+                pos[a] += tok_start[column_of_axis[a]]
     else:  # summed in float64 and rounded to float32 once, axis by axis so that one temporary is reused
         pos = torch.empty(axes, total, dtype=torch.float32)
         rel = torch.empty(total, dtype=torch.float64)
         for a in range(axes):
             torch.index_select(table[a], 0, row, out=rel)
-            rel += tok_start[0 if diagonal else a]
+            rel += tok_start[column_of_axis[a]]
             pos[a] = rel
     pos = pos.view(axes, batch, length)
 
     # deltas: largest coordinate per sample (from each segment's start + its largest offset), as float32
     seg_top = np.full((num_seg, axes), -np.inf)
-    seg_top[seg_text] = start[seg_text] + (seg_len[seg_text] - 1)[:, None]
-    seg_top[seg_vis] = start[seg_vis] + block_top[vis_block]
-    tops = np.full((batch, width, axes), -np.inf)
-    tops[seg_sample, rank] = seg_top
-    top = tops.max(axis=1).astype(np.float32).astype(np.float64)  # the max of the float32 positions
+    seg_top[text_idx] = start[text_idx] + (seg_len[text_idx] - 1)[:, None]
+    seg_top[vis_idx] = start[vis_idx] + block_top[vis_block]
+    top = np.maximum.reduceat(seg_top, sample_first, axis=0).astype(np.float32).astype(np.float64)  # max float32
     if not per_axis_deltas:
         top = (top if delta_axes is None else top[:, list(delta_axes)]).max(axis=1, keepdims=True)
-    n_valid = np.bincount(seg_sample, weights=np.where(seg_pad, 0, seg_len), minlength=batch)[:, None]
+    counted = seg_len.copy()
+    counted[pad_idx] = 0
+    n_valid = np.add.reduceat(counted, sample_first)[:, None].astype(np.float64)
     delta = np.where(n_valid > 0, top + 1.0 - n_valid, 0.0).astype(np.float32)
     return pos, torch.from_numpy(delta)
 
