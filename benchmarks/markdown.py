@@ -47,14 +47,31 @@ def cos_sin_table(data: dict) -> str:
 
 
 def index_table(data: dict) -> str:
-    rows = ["| batch | tokens | images | videos | transformers get_rope_index | ropekit rope_index | speed-up |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| batch | samples | tokens | images | videos | transformers get_rope_index | ropekit rope_index | "
+            "speed-up (wall) | speed-up (CPU time) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    designs = None
     for r in data["results"]:
         if "circle" in r:  # the Circle-RoPE comparison has a table of its own (docs/benchmarks.md)
             continue
-        rows.append(f"| {r['batch']} | {r['tokens']} | {r['images']} | {r['videos']} | "
+        if "designs" in r:
+            designs = r["designs"]
+            continue
+        cpu = f"×{r['speedup_cpu']:.2f}" if "speedup_cpu" in r else ""
+        rows.append(f"| {r['batch']} | {r.get('samples', '2k-8k')} | {r['tokens']} | {r['images']} | {r['videos']} | "
                     f"{r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms | "
-                    f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} |")
+                    f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} | {cpu} |")
+    if designs:
+        rows += ["", f"Every design with a block rule on the ~2.5k batch ({designs['tokens']} tokens, "
+                     f"{designs['images']} images, {designs['videos']} videos), each in its own pair with transformers "
+                     f"(CPU time, medians):", "",
+                 "| design | ropekit rope_index | transformers get_rope_index | speed-up (CPU time) | speed-up (wall) |",
+                 "|---|---|---|---|---|"]
+        for name, d in designs["designs"].items():
+            opts = ", ".join(f"{k}={v!r}" for k, v in d["options"].items())
+            rows.append(f"| `{name}`{f' ({opts})' if opts else ''} | {d['ropekit']['cpu_median_s'] * 1e3:.2f} ms | "
+                        f"{d['transformers']['cpu_median_s'] * 1e3:.1f} ms | ×{d['speedup_cpu']:.1f} | "
+                        f"×{d['speedup']:.1f} |")
     return "\n".join(rows)
 
 
