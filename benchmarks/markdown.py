@@ -34,6 +34,24 @@ def apply_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+PREALLOC_ORDER = ["clone", "transformers_qwen2vl", "ropekit_fused", "ropekit_fused_out", "ropekit_fused_inplace"]
+
+
+def prealloc_table(data: dict) -> str:
+    """Each case's speed as a fraction of ``copy_`` into preallocated buffers of the same shape (same run)."""
+    names = [n for n in PREALLOC_ORDER if any(n in r["cases"] for r in data["results"])]
+    rows = ["| shape (B,H,L,D) | dtype | positions | copy_ (preallocated) | " + " | ".join(names) + " |",
+            "|" + "---|" * (4 + len(names))]
+    for r in data["results"]:
+        c = r["cases"]
+        if "copy_prealloc" not in c:
+            continue
+        cells = [f"{c[n]['median_s'] * 1e3:.1f} ms ({c[n]['vs_copy_prealloc']:.2f})" if n in c else "–" for n in names]
+        rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | {r['positions']} | "
+                    f"{c['copy_prealloc']['median_s'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def cos_sin_table(data: dict) -> str:
     rows = ["| shape | dtype | positions | ropekit cos/sin | transformers cos/sin | ropekit apply (fused) | cos/sin ÷ apply |",
             "|---|---|---|---|---|---|---|"]
@@ -154,6 +172,7 @@ def main() -> int:
         print(f"### {name}\n\n{machine_line(data)}\n\n{render(data)}\n")
         if name == "apply":
             print(f"### cos/sin vs apply\n\n{cos_sin_table(data)}\n")
+            print(f"### apply vs a preallocated copy\n\n{prealloc_table(data)}\n")
     return 0
 
 

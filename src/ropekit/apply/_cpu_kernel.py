@@ -10,8 +10,8 @@ into fused multiply-adds): the same bits as the functional path, checked by the 
 
 Each row reads both halves before writing either, so the output may be the input itself (in place).
 Work goes in blocks of 16 sequence positions, every head of a block in turn, so one block of cos/sin
-serves all heads from L1 while each head's rows are read in runs; OpenMP splits the blocks over torch's
-threads. The kernel is built on first use (one to three seconds; Inductor caches it on disk); where that
+serves all heads from L1 while each head's rows are read in runs; OpenMP hands the blocks to torch's
+threads a few at a time (a thread that is descheduled on a busy machine takes fewer). The kernel is built on first use (one to three seconds; Inductor caches it on disk); where that
 fails, :func:`kernel_for` returns None and the caller uses its other paths.
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ extern "C" void kernel(const scalar_t* x, scalar_t* o, const float* c, const flo
     constexpr int64_t CH = 16;
     const int64_t nblk = (n2 + CH - 1) / CH;
     constexpr int64_t V = 2 * at::vec::Vectorized<float>::size();
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    // dynamic: on a shared machine a descheduled thread must not hold back a fixed half of the work
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 4)
     for (int64_t task = 0; task < n0 * nblk; ++task) {
         const int64_t i0 = task / nblk, b = task %% nblk;
         const int64_t end = std::min(n2, (b + 1) * CH);
