@@ -201,7 +201,7 @@ def circle_blocks(
     index = row_first[token_row] + token_col
     offsets = np.empty((3, index.shape[0]))
     for i in range(3):  # (3, Σ n): contiguous per axis
-        np.take(rings[i], index, out=offsets[i])
+        np.take(rings[i], index, out=offsets[i], mode="clip")
     if (t > 1).any():  # frame f moves by f·Δt on every axis
         offsets += (row_frame.astype(np.float64) * interval[row_block])[token_row]
     # Δt >= 0 and rounding is monotonic: the largest coordinate is the last frame's ring maximum

@@ -68,8 +68,8 @@ def thw_offsets(segments: Sequence[Segment], design: str = "mrope") -> tuple[tor
     # built axis by axis as (3, Σ n) and returned transposed: contiguous gathers, and the batched index
     # reads each axis of the result as one contiguous row
     offsets = np.empty((3, token_row.shape[0]))
-    np.take(time, token_row, out=offsets[0])
-    np.take(row_index.astype(np.float64), token_row, out=offsets[1])
+    np.take(time, token_row, out=offsets[0], mode="clip")
+    np.take(row_index.astype(np.float64), token_row, out=offsets[1], mode="clip")
     offsets[2] = token_col
     last = np.floor((t - 1).astype(np.float32) * dt).astype(np.float64)  # Δt >= 0: the last frame is the max
     top = np.stack([last, (h - 1).astype(np.float64), (w - 1).astype(np.float64)], axis=1)

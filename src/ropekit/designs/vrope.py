@@ -201,7 +201,7 @@ def _image_blocks(t: np.ndarray, h: np.ndarray, w: np.ndarray, flips: torch.Tens
     cols = (col, (w[row_block] - 1).astype(np.float64)[token_row] - col)  # per token: j, reflected j
     offsets = np.empty((flips.shape[0], token_row.shape[0]))
     for c, (flip_i, flip_j) in enumerate(flips.tolist()):
-        np.take(rows[flip_i], token_row, out=offsets[c])
+        np.take(rows[flip_i], token_row, out=offsets[c], mode="clip")
         offsets[c] += cols[flip_j]
     advance = torch.from_numpy((t * step).astype(np.float64))[:, None].expand(-1, flips.shape[0]).contiguous()
     return torch.from_numpy(offsets).T, advance
