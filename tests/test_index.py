@@ -789,3 +789,17 @@ def test_a_mask_hole_inside_a_multi_frame_video_does_not_split_it(qwen2):
     pos, delta = rope_index(**inputs, continuation="spatial")
     assert torch.equal(pos, want_pos.float()) and torch.equal(delta, want_delta.float())
     assert torch.equal(pos[:, 0, mask[0].bool()][:, 2:10], positions("V2x2x2", "mrope").T + 2)
+
+
+def test_masks_and_grids_of_any_real_dtype_give_the_int64_result():
+    """The vectorised checks read masks and grids of every dtype the per-row checks accepted (bfloat16 has
+    no numpy form, so it must not go through one)."""
+    inputs, _, _ = random_batch(11, batch=3, pad="left")
+    want = rope_index(**inputs)
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.bool, torch.uint8, torch.int32):
+        got = rope_index(**{**inputs, "attention_mask": inputs["attention_mask"].to(dt)})
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), dt
+    for dt in (torch.bfloat16, torch.float32, torch.int32, torch.uint8):
+        got = rope_index(**{**inputs, "image_grid_thw": inputs["image_grid_thw"].to(dt),
+                            "video_grid_thw": inputs["video_grid_thw"].to(dt)})
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), dt

@@ -80,7 +80,7 @@ def _token_grids(grid: Optional[GridLike], name: str, merge: int, limit: int) ->
     if not g.shape[0]:
         return torch.zeros(0, 3, dtype=torch.int64)
     # the common case in a few numpy operations; a batch that fails any check is worded by the loop below
-    x = g.numpy().astype(np.float64)  # exact: values above 2**52 go to the loop
+    x = g.to(torch.float64).numpy()  # exact up to 2**53; larger values go to the loop
     q = np.floor_divide(x[:, 1:], merge)
     if (x.min() >= 1 and x.max() <= 2**52 and np.array_equal(q * merge, x[:, 1:])
             and bool((x[:, 0] * q[:, 0] * q[:, 1] <= limit).all())):
@@ -274,7 +274,10 @@ def rope_index(
             bad = int(m.view(np.dtype(f"u{m.itemsize}")).max()) > 1
         if bad:
             raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
-        valid = torch.from_numpy(mask.numpy().astype(bool)) if mask.dtype != torch.bool else mask.contiguous()
+        if mask.dtype == torch.bool or mask.is_floating_point():  # (bfloat16 has no numpy form)
+            valid = mask.bool().contiguous()
+        else:
+            valid = torch.from_numpy(mask.numpy().astype(bool))
     if not isinstance(per_axis_deltas, bool):
         raise TypeError(f"rope_index: `per_axis_deltas` must be True or False, got {per_axis_deltas!r}")
     images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size, types.numel())
