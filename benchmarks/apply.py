@@ -3,7 +3,14 @@ rotary-embedding-torch, for 1-D RoPE and M-RoPE, plus the cost of building cos/s
 
 Every case rotates q and k of the same shape. "Minimum bytes" is what any implementation must move:
 read q and k, write both outputs, read cos/sin once. Achieved bytes/s is that over the median time,
-compared with the copy bandwidth measured in the same process.
+compared with the copy bandwidth measured in the same process (a 256 MiB ``copy_`` into a preallocated
+buffer, :func:`benchmarks.common.copy_bandwidth`).
+
+Two references of the same shape are timed with the cases: ``copy_prealloc`` (``q_out.copy_(q);
+k_out.copy_(k)`` into buffers allocated once) and ``clone`` (``q.clone(); k.clone()``, fresh outputs,
+which pay a page fault per 4 KiB on first touch as every functional call does). ``ropekit_fused_out`` is
+the fused apply writing into preallocated buffers (``out=``) and ``ropekit_fused_inplace`` rotates q and k
+in place (``out=(q, k)``); each row records every case's speed relative to both references.
 """
 from __future__ import annotations
 
@@ -80,13 +87,25 @@ def bench_case(shape, dtype_name: str, kind: str, *, repeat: int, compiled=None)
     hf_cos, hf_sin = hf_rot(q, pid)
     ret_freqs = _ret_freqs(kind, L, D)
 
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_in, k_in = q.clone(), k.clone()  # rotated in place again and again: a rotation keeps them finite
+    apply_rotary_qk_fused(q, k, cos, sin, out=(q_out, k_out))  # builds the out= kernel (once per process)
+    want = apply_rotary_qk_fused(q, k, cos, sin)
+    if not (torch.equal(q_out, want[0]) and torch.equal(k_out, want[1])):
+        raise AssertionError(f"out= differs from the functional fused apply on {shape} {dtype_name} {kind}")
+    del want
     cases = {
+        "copy_prealloc": lambda: (q_out.copy_(q), k_out.copy_(k)),
+        "clone": lambda: (q.clone(), k.clone()),
         "transformers_qwen2vl": lambda: apply_rotary_pos_emb(q, k, hf_cos, hf_sin),
         "rotary_embedding_torch": lambda: (apply_rotary_emb(ret_freqs, q), apply_rotary_emb(ret_freqs, k)),
         "ropekit_eager": lambda: apply_rotary_qk(q, k, cos, sin),
         "ropekit_fused": lambda: apply_rotary_qk_fused(q, k, cos, sin),
         "ropekit_blocks": lambda: apply_rotary_qk_fused(q, k, cos, sin, compiled=False),
+        "ropekit_fused_out": lambda: apply_rotary_qk_fused(q, k, cos, sin, out=(q_out, k_out)),
+        "ropekit_fused_inplace": lambda: apply_rotary_qk_fused(q_in, k_in, cos, sin, out=(q_in, k_in)),
     }
+    references = ("copy_prealloc", "clone")
     result = {"shape": list(shape), "dtype": dtype_name, "positions": kind, "cases": {}}
     t0 = time.perf_counter()
     apply_rotary_qk_fused(q, k, cos, sin)  # the default path compiles its kernel on the first large call
@@ -102,9 +121,12 @@ def bench_case(shape, dtype_name: str, kind: str, *, repeat: int, compiled=None)
     result["cases"] = timeit_many(cases, warmup=1, repeat=repeat)
     for t in result["cases"].values():
         t["bytes_per_s"] = min_bytes / t["median_s"]
+        for ref_name in references:  # fraction of the reference's speed (it moves 4·|q| bytes, cos/sin aside)
+            t[f"vs_{ref_name}"] = result["cases"][ref_name]["median_s"] / t["median_s"]
     if dtype == torch.float32:  # sanity: everyone computes the same rotation
         ref = apply_rotary_qk(q, k, cos, sin)[0]
-        diffs = {n: (cases[n]()[0] - ref).abs().max().item() for n in cases if n != "rotary_embedding_torch"}
+        skip = ("rotary_embedding_torch", "ropekit_fused_inplace", *references)  # in place: rotated many times
+        diffs = {n: (cases[n]()[0] - ref).abs().max().item() for n in cases if n not in skip}
         if kind == "1d":  # rotary-embedding-torch pairs interleaved channels
             ref_i = apply_rotary_qk(q, k, cos, sin, channels="interleaved")[0]
             diffs["rotary_embedding_torch_vs_interleaved"] = (cases["rotary_embedding_torch"]()[0] - ref_i).abs().max().item()
@@ -139,4 +161,7 @@ def run(*, quick: bool = False, repeat: int = 5, compile_fused: bool = True, log
 
 def _line(r: dict) -> str:
     ms = {n: f"{c['median_s'] * 1e3:.1f}" for n, c in r["cases"].items()}
-    return f"apply {tuple(r['shape'])} {r['dtype']} {r['positions']}: " + ", ".join(f"{n} {v} ms" for n, v in ms.items())
+    c = r["cases"]
+    return (f"apply {tuple(r['shape'])} {r['dtype']} {r['positions']}: " + ", ".join(f"{n} {v} ms" for n, v in ms.items())
+            + "; vs preallocated copy_: " + ", ".join(f"{n} {c[n]['vs_copy_prealloc']:.2f}" for n in
+                                                       ("clone", "ropekit_fused", "ropekit_fused_out", "ropekit_fused_inplace")))

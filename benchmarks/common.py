@@ -65,22 +65,27 @@ def timeit(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 5) -> dic
 
 def timeit_many(cases: dict[str, Callable[[], object]], *, warmup: int = 1, repeat: int = 5) -> dict[str, dict]:
     """Like :func:`timeit` for several cases, interleaved round-robin so that load from other processes
-    on a shared machine falls on every case alike rather than on whichever ran at a bad moment."""
+    on a shared machine falls on every case alike rather than on whichever ran at a bad moment.
+    ``cpu_median_s`` is the median CPU time of the process (``time.process_time``) per call: with one
+    torch thread it leaves out the time the process spent descheduled by other jobs."""
     for fn in cases.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
     faults: dict[str, list[int]] = {name: [] for name in cases}
     for _ in range(repeat):
         for name, fn in cases.items():
             f0 = _minor_faults()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             faults[name].append(_minor_faults() - f0)
     return {
         name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "repeat": repeat,
-               "page_faults": statistics.median(faults[name])}
+               "cpu_median_s": statistics.median(cpu[name]), "page_faults": statistics.median(faults[name])}
         for name, t in times.items()
     }
 

@@ -1,7 +1,8 @@
 """Batch position ids: ``ropekit.index.rope_index`` against transformers' Qwen2-VL ``get_rope_index``.
 
-Batches of long multimodal samples (2k–8k tokens, several images and videos each, right padded).
-The outputs are asserted identical before anything is timed.
+Batches of long multimodal samples (32 of about 2.5k tokens, and 2k–8k tokens, several images and videos
+each, right padded). The outputs are asserted identical before anything is timed. On the ~2.5k batch,
+every design with a block rule is also timed in its own pair with transformers (:func:`bench_designs`).
 
 Circle-RoPE (:func:`bench_circle`): a batch of 32 samples of at most 4k tokens with 2–3 images and one
 video each, ropekit's ``circle`` against its own ``mrope`` and transformers' ``get_rope_index`` on the
@@ -73,11 +74,16 @@ def make_batch(batch: int, seed: int = 0, min_len: int = 2048, max_len: int = 81
     )
 
 
-def bench_batch(batch: int, *, repeat: int, model=None) -> dict:
+#: The batch of the performance target: 32 right-padded samples of about 2.5k tokens (2048–2560 drawn, each
+#: ending after its last vision item and text), 11 images and videos each on average.
+TARGET = dict(batch=32, seed=32, min_len=2048, max_len=2560)
+
+
+def bench_batch(batch: int, *, repeat: int, model=None, inputs: dict | None = None) -> dict:
     from ropekit.index import rope_index
 
     model = model or _hf_model()
-    inputs = make_batch(batch, seed=batch)
+    inputs = inputs if inputs is not None else make_batch(batch, seed=batch)
     ours = lambda: rope_index(**inputs, design="mrope", continuation="spatial", spatial_merge_size=MERGE)
     theirs = lambda: model.get_rope_index(**inputs)
     with torch.no_grad():
@@ -98,7 +104,41 @@ def bench_batch(batch: int, *, repeat: int, model=None) -> dict:
         "transformers_get_rope_index": t_hf,
         "ropekit_rope_index": t_ours,
         "speedup": t_hf["median_s"] / t_ours["median_s"],
+        "speedup_cpu": t_hf["cpu_median_s"] / t_ours["cpu_median_s"],
     }
+
+
+def bench_designs(*, repeat: int, model=None) -> dict:
+    """Every design with a block rule on the :data:`TARGET` batch, each timed in its own round-robin pair with
+    transformers' ``get_rope_index`` (so that every design runs right after it, caches cold alike).
+
+    Before timing, each design's positions are checked against one ``positions()`` call per sample, and
+    M-RoPE's (``continuation="spatial"``) against transformers' positions and deltas."""
+    from ropekit.designs.registry import designs, get_design
+    from ropekit.index import rope_index
+
+    model = model or _hf_model()
+    inputs = make_batch(TARGET["batch"], seed=TARGET["seed"], min_len=TARGET["min_len"], max_len=TARGET["max_len"])
+    theirs = lambda: model.get_rope_index(**inputs)
+    out = {}
+    with torch.no_grad():
+        want_pos, want_delta = theirs()
+        for name in designs():
+            if get_design(name).block_rule is None:
+                continue
+            opts = {"continuation": "spatial"} if name == "mrope" else {}
+            ours = lambda name=name, opts=opts: rope_index(**inputs, design=name, spatial_merge_size=MERGE, **opts)
+            pos, delta = ours()
+            check_positions(name, inputs, pos, **opts)
+            if name == "mrope" and not (torch.equal(pos, want_pos.float()) and torch.equal(delta, want_delta.float())):
+                raise AssertionError("rope_index(mrope) differs from transformers' get_rope_index")
+            t = timeit_many({"transformers": theirs, name: ours}, warmup=1, repeat=repeat)
+            out[name] = {"options": opts, "transformers": t["transformers"], "ropekit": t[name],
+                         "speedup": t["transformers"]["median_s"] / t[name]["median_s"],
+                         "speedup_cpu": t["transformers"]["cpu_median_s"] / t[name]["cpu_median_s"]}
+    lengths = inputs["attention_mask"].sum(1)
+    return {"batch": TARGET, "tokens": int(lengths.sum()), "mean_len": float(lengths.float().mean()),
+            "images": len(inputs["image_grid_thw"]), "videos": len(inputs["video_grid_thw"]), "designs": out}
 
 
 PEER_ENV = "ROPEKIT_PEER_MULTIMODAL_ROPES"
@@ -237,14 +277,23 @@ def run(*, quick: bool = False, repeat: int = 5, log=print) -> list[dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = _hf_model()
-        for batch in ((32,) if quick else (32, 128)):
-            r = bench_batch(batch, repeat=repeat, model=model)
+        target = make_batch(TARGET["batch"], seed=TARGET["seed"], min_len=TARGET["min_len"], max_len=TARGET["max_len"])
+        runs = [("~2.5k", 32, target)] + [("2k-8k", b, None) for b in ((32,) if quick else (32, 128))]
+        for label, batch, inputs in runs:
+            r = bench_batch(batch, repeat=repeat, model=model, inputs=inputs)
+            r["samples"] = label
             log(
-                f"rope_index batch {batch} ({r['tokens']} tokens, {r['images']} images, {r['videos']} videos): "
-                f"transformers {r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms, "
-                f"ropekit {r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms, ×{r['speedup']:.1f}"
+                f"rope_index batch {batch} of {label} tokens ({r['tokens']} tokens, {r['images']} images, "
+                f"{r['videos']} videos): transformers {r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms, "
+                f"ropekit {r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms, ×{r['speedup']:.1f} "
+                f"(CPU time ×{r['speedup_cpu']:.1f})"
             )
             out.append(r)
+        r = bench_designs(repeat=repeat, model=model)
+        for name, d in r["designs"].items():
+            log(f"rope_index {name:<9} ~2.5k batch: {d['ropekit']['cpu_median_s'] * 1e3:.2f} ms CPU, transformers "
+                f"{d['transformers']['cpu_median_s'] * 1e3:.1f} ms: ×{d['speedup_cpu']:.1f} (wall ×{d['speedup']:.1f})")
+        out.append({"designs": r})
         r = bench_circle(repeat=repeat, model=model)
         _log_circle(r, log)
         out.append({"circle": r})

@@ -34,6 +34,24 @@ def apply_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+PREALLOC_ORDER = ["clone", "transformers_qwen2vl", "ropekit_fused", "ropekit_fused_out", "ropekit_fused_inplace"]
+
+
+def prealloc_table(data: dict) -> str:
+    """Each case's speed as a fraction of ``copy_`` into preallocated buffers of the same shape (same run)."""
+    names = [n for n in PREALLOC_ORDER if any(n in r["cases"] for r in data["results"])]
+    rows = ["| shape (B,H,L,D) | dtype | positions | copy_ (preallocated) | " + " | ".join(names) + " |",
+            "|" + "---|" * (4 + len(names))]
+    for r in data["results"]:
+        c = r["cases"]
+        if "copy_prealloc" not in c:
+            continue
+        cells = [f"{c[n]['median_s'] * 1e3:.1f} ms ({c[n]['vs_copy_prealloc']:.2f})" if n in c else "–" for n in names]
+        rows.append(f"| {tuple(r['shape'])} | {r['dtype']} | {r['positions']} | "
+                    f"{c['copy_prealloc']['median_s'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def cos_sin_table(data: dict) -> str:
     rows = ["| shape | dtype | positions | ropekit cos/sin | transformers cos/sin | ropekit apply (fused) | cos/sin ÷ apply |",
             "|---|---|---|---|---|---|---|"]
@@ -47,14 +65,31 @@ def cos_sin_table(data: dict) -> str:
 
 
 def index_table(data: dict) -> str:
-    rows = ["| batch | tokens | images | videos | transformers get_rope_index | ropekit rope_index | speed-up |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| batch | samples | tokens | images | videos | transformers get_rope_index | ropekit rope_index | "
+            "speed-up (wall) | speed-up (CPU time) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    designs = None
     for r in data["results"]:
         if "circle" in r:  # the Circle-RoPE comparison has a table of its own (docs/benchmarks.md)
             continue
-        rows.append(f"| {r['batch']} | {r['tokens']} | {r['images']} | {r['videos']} | "
+        if "designs" in r:
+            designs = r["designs"]
+            continue
+        cpu = f"×{r['speedup_cpu']:.2f}" if "speedup_cpu" in r else ""
+        rows.append(f"| {r['batch']} | {r.get('samples', '2k-8k')} | {r['tokens']} | {r['images']} | {r['videos']} | "
                     f"{r['transformers_get_rope_index']['median_s'] * 1e3:.1f} ms | "
-                    f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} |")
+                    f"{r['ropekit_rope_index']['median_s'] * 1e3:.1f} ms | ×{r['speedup']:.2f} | {cpu} |")
+    if designs:
+        rows += ["", f"Every design with a block rule on the ~2.5k batch ({designs['tokens']} tokens, "
+                     f"{designs['images']} images, {designs['videos']} videos), each in its own pair with transformers "
+                     f"(CPU time, medians):", "",
+                 "| design | ropekit rope_index | transformers get_rope_index | speed-up (CPU time) | speed-up (wall) |",
+                 "|---|---|---|---|---|"]
+        for name, d in designs["designs"].items():
+            opts = ", ".join(f"{k}={v!r}" for k, v in d["options"].items())
+            rows.append(f"| `{name}`{f' ({opts})' if opts else ''} | {d['ropekit']['cpu_median_s'] * 1e3:.2f} ms | "
+                        f"{d['transformers']['cpu_median_s'] * 1e3:.1f} ms | ×{d['speedup_cpu']:.1f} | "
+                        f"×{d['speedup']:.1f} |")
     return "\n".join(rows)
 
 
@@ -137,6 +172,7 @@ def main() -> int:
         print(f"### {name}\n\n{machine_line(data)}\n\n{render(data)}\n")
         if name == "apply":
             print(f"### cos/sin vs apply\n\n{cos_sin_table(data)}\n")
+            print(f"### apply vs a preallocated copy\n\n{prealloc_table(data)}\n")
     return 0
 
 

@@ -499,3 +499,117 @@ def test_compiled_argument_is_checked():
 def test_rope_kit_compile_variable(monkeypatch, value, on):
     monkeypatch.setenv("ROPEKIT_COMPILE", value)
     assert fused._env_allows_compile() is on
+
+
+# --- out= and in place ---------------------------------------------------------------------------------
+
+OUT_CASES = [(dtype, channels, rot, seq_dim, cos_dims) for dtype in DTYPES for channels in ("half", "interleaved")
+             for rot, seq_dim, cos_dims in ((12, -2, 2), (8, 1, 3), (12, 1, 4), (8, -2, 4))]
+
+
+def _assert_into(q, k, cos, sin, want, **kw):
+    """``out=`` into fresh buffers and in place both give ``want`` bit for bit and return the buffers."""
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    got = apply_rotary_qk_fused(q, k, cos, sin, out=(qo, ko), **kw)
+    assert got[0] is qo and got[1] is ko
+    assert torch.equal(qo, want[0]) and torch.equal(ko, want[1])
+    qi, ki = q.clone(), k.clone()
+    got = apply_rotary_qk_fused(qi, ki, cos, sin, out=(qi, ki), **kw)
+    assert got[0] is qi and got[1] is ki
+    assert torch.equal(qi, want[0]) and torch.equal(ki, want[1])
+
+
+@pytest.mark.parametrize("dtype,channels,rot,seq_dim,cos_dims", OUT_CASES)
+def test_out_and_in_place_give_the_functional_bits(dtype, channels, rot, seq_dim, cos_dims):
+    """Every path of ``out=`` (the compiled CPU kernel for "half" pairs, the eager blocks) and in place: the
+    eager reference's bits, which the float64 pair-by-pair rotation pins to the input dtype's rounding."""
+    q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, Hk=3 if cos_dims == 4 else 1, L=37, rot=rot,
+                             cos_dims=cos_dims)
+    want = apply_rotary_qk(q, k, cos, sin, channels=channels, seq_dim=seq_dim)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    for r, x in zip(want, (q, k)):
+        torch.testing.assert_close(r.double(), _brute_force(x, cos, sin, channels, seq_dim), rtol=tol, atol=tol * 4)
+    for compiled in (None, False):
+        _assert_into(q, k, cos, sin, want, channels=channels, seq_dim=seq_dim, compiled=compiled)
+    x = q.clone()
+    assert apply_rotary_fused(x, cos, sin, channels=channels, seq_dim=seq_dim, out=x) is x
+    assert torch.equal(x, want[0])
+
+
+@pytest.mark.parametrize("dtype,channels,rot", [(torch.float64, "half", 12), (torch.bfloat16, "interleaved", 8),
+                                                (torch.float32, "interleaved", 12)])
+def test_out_through_the_inductor_kernel_gives_the_functional_bits(dtype, channels, rot):
+    """Where the compiled CPU kernel does not apply (float64, interleaved pairs), ``compiled=True`` writes
+    through Inductor's code into the buffers: the same bits."""
+    q, k, cos, sin = _inputs(dtype, Hk=3, L=40, rot=rot)
+    want = apply_rotary_qk(q, k, cos, sin, channels=channels)
+    _assert_into(q, k, cos, sin, want, channels=channels, compiled=True)
+
+
+def test_the_compiled_cpu_kernel_serves_half_pairs_of_large_calls(monkeypatch):
+    """The kernel itself (no eager fallback) on the shapes benchmarks use, bit for bit, in place too, with
+    tables shared by the batch, per sample and per head."""
+    if fused._cpu_kernel.kernel_for(torch.float32) is None:
+        pytest.skip("no C++ toolchain for the compiled CPU kernel here")
+
+    def no_eager(*args, **kwargs):
+        raise AssertionError("out= with 'half' pairs must take the compiled CPU kernel")
+    monkeypatch.setattr(fused, "_rotate_eager", no_eager)
+    monkeypatch.setattr(fused, "_apply_compiled", no_eager)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for cos_dims, seq_dim, rot in ((2, -2, 128), (3, 1, 96), (4, -2, 128)):
+            q, k, cos, sin = _inputs(dtype, channels_first=seq_dim == -2, B=2, Hq=4, Hk=4 if cos_dims == 4 else 2,
+                                     L=300, D=128, rot=rot, cos_dims=cos_dims)
+            want = apply_rotary_qk(q, k, cos, sin, seq_dim=seq_dim)
+            _assert_into(q, k, cos, sin, want, seq_dim=seq_dim)
+
+
+def test_out_views_of_one_projection_are_rotated_in_place():
+    """q and k sliced from one qkv projection (interleaved in memory, not overlapping) may be rotated in place;
+    v, which shares their storage, is untouched."""
+    qkv = torch.randn(2, 9, 3, 4, 16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    cos, sin = _inputs(torch.float32, L=9, D=16, rot=16)[2:]
+    want = apply_rotary_qk(q, k, cos, sin)
+    v_before = v.clone()
+    apply_rotary_qk_fused(q, k, cos, sin, out=(q, k))
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1]) and torch.equal(v, v_before)
+
+
+def test_out_is_refused_with_the_argument_named():
+    q, k, cos, sin = _inputs(torch.float32, Hk=3)
+    good = (torch.empty_like(q), torch.empty_like(k))
+    cases = [
+        (TypeError, r"`out` must be a pair", good[0]),
+        (TypeError, r"`out` must be a pair", (good[0],)),
+        (TypeError, r"`out\[1\]` must be a torch.Tensor", (good[0], None)),
+        (TypeError, r"`out\[0\]` has dtype torch.float64", (good[0].double(), good[1])),
+        (ValueError, r"`out\[1\]` has shape", (good[0], good[1][:, :, :-1])),
+        (ValueError, r"`out\[0\]` is on meta", (torch.empty_like(q, device="meta"), good[1])),
+        (ValueError, r"`out\[0\]` has elements that share memory", (torch.empty(q.shape[-1]).expand(q.shape), good[1])),
+        (ValueError, r"`out\[0\]` overlaps the memory of `k`", (k, q)),  # swapped: each overlaps the other input
+        (ValueError, r"`out\[0\]` overlaps the memory of `out\[1\]`", (good[0], good[0])),
+    ]
+    for exc, match, out in cases:
+        with pytest.raises(exc, match=match):
+            apply_rotary_qk_fused(q, k, cos, sin, out=out)
+    # overlapping but not the same view: q shifted by one element in its own storage
+    base = torch.randn(q.numel() + 1)
+    q_view, shifted = base[:-1].view(q.shape), base[1:].view(q.shape)
+    with pytest.raises(ValueError, match=r"`out\[0\]` overlaps the memory of `q`.*pass `q` itself"):
+        apply_rotary_qk_fused(q_view, k, cos, sin, out=(shifted, good[1]))
+    # an output over the tables
+    table = torch.empty(q.numel() + cos.numel())
+    c_view = table[: cos.numel()].view(cos.shape)
+    c_view.copy_(cos)
+    with pytest.raises(ValueError, match=r"`out\[0\]` overlaps the memory of `cos`"):
+        apply_rotary_qk_fused(q, k, c_view, sin, out=(table[: q.numel()].view(q.shape), good[1]))
+    with pytest.raises(ValueError, match="`out` overlaps the memory of `x`"):
+        apply_rotary_fused(q_view, cos, sin, out=shifted)
+    # autograd cannot flow through out=
+    qg = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="not differentiable"):
+        apply_rotary_qk_fused(qg, k, cos, sin, out=good)
+    with torch.no_grad():
+        apply_rotary_qk_fused(qg, k, cos, sin, out=good)
+    assert torch.equal(good[0], apply_rotary_qk(q, k, cos, sin)[0])

@@ -748,3 +748,58 @@ def test_int64_positions_equal_qwen25_and_are_refused_where_positions_are_fracti
     assert torch.equal(whole[:, 0, 1:9], positions("V2x2x2", "videorope").T.long() + 1)
     with pytest.raises(TypeError, match="`dtype`"):
         rope_index(None, types, video_grid_thw=[[2, 4, 4]], dtype=torch.float16)
+
+
+TABLE_CASES = [(name, {}) for name in ropekit.designs()] + CIRCLE_CASES + [
+    ("mrope", {"continuation": "spatial"}), ("vrope", {"order": "paper"}), ("videorope", {"temporal_stride": 0.7}),
+    ("v2pe", {"visual_stride": 2.5}), ("mmrope", {"position_scale": (1.0, 0.5, 1.5)}), ("mhrope", {"spatial_reset": False})]
+
+
+@pytest.mark.parametrize("design,opts", TABLE_CASES)
+def test_block_rules_read_a_block_table_like_the_segments_it_holds(design, opts):
+    """rope_index hands rules its distinct blocks as a column table; every rule must place them exactly as
+    it places the same Image/Video segments (the path positions() and the walk use)."""
+    rng = random.Random(len(design) * 31 + len(opts))
+    segs = []
+    for _ in range(40):
+        if rng.random() < 0.5:
+            segs.append(Image(rng.randint(1, 9), rng.randint(1, 9)))
+        else:
+            segs.append(Video(rng.randint(1, 4), rng.randint(1, 6), rng.randint(1, 6), rng.choice(EXACT + (0.7, 2.5))))
+    table = registry.BlockTable(
+        torch.tensor([getattr(s, "t", 1) for s in segs]), torch.tensor([s.h for s in segs]),
+        torch.tensor([s.w for s in segs]), torch.tensor([getattr(s, "interval", 0.0) for s in segs], dtype=torch.float64),
+        torch.tensor([isinstance(s, Image) for s in segs]))
+    assert list(table) == segs and table[3] == segs[3] and table[-1] == segs[-1] and len(table) == len(segs)
+    rule = registry.get_design(design).block_rule
+    want, got = registry.unpack_placed(rule(segs, **opts)), registry.unpack_placed(rule(table, **opts))
+    for w, g in zip(want, got):
+        assert (w is None) == (g is None) and (w is None or torch.equal(w, g)), design
+
+
+def test_a_mask_hole_inside_a_multi_frame_video_does_not_split_it(qwen2):
+    """Auto frame splitting looks at the runs of *valid* video tokens: a masked token inside a Qwen2-VL video
+    (frames back to back) breaks the raw run but must not make the video's frames separate blocks."""
+    types = torch.tensor([[0, 0] + [2] * 4 + [0] + [2] * 4 + [0, 0]])  # one 2-frame video, a masked token inside
+    mask = torch.ones_like(types)
+    mask[0, 6] = 0
+    inputs = dict(input_ids=torch.zeros_like(types), mm_token_type_ids=types, attention_mask=mask,
+                  video_grid_thw=torch.tensor([[2, 4, 4]]))
+    want_pos, want_delta = qwen2.get_rope_index(**inputs)
+    pos, delta = rope_index(**inputs, continuation="spatial")
+    assert torch.equal(pos, want_pos.float()) and torch.equal(delta, want_delta.float())
+    assert torch.equal(pos[:, 0, mask[0].bool()][:, 2:10], positions("V2x2x2", "mrope").T + 2)
+
+
+def test_masks_and_grids_of_any_real_dtype_give_the_int64_result():
+    """The vectorised checks read masks and grids of every dtype the per-row checks accepted (bfloat16 has
+    no numpy form, so it must not go through one)."""
+    inputs, _, _ = random_batch(11, batch=3, pad="left")
+    want = rope_index(**inputs)
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.bool, torch.uint8, torch.int32):
+        got = rope_index(**{**inputs, "attention_mask": inputs["attention_mask"].to(dt)})
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), dt
+    for dt in (torch.bfloat16, torch.float32, torch.int32, torch.uint8):
+        got = rope_index(**{**inputs, "image_grid_thw": inputs["image_grid_thw"].to(dt),
+                            "video_grid_thw": inputs["video_grid_thw"].to(dt)})
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), dt

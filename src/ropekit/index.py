@@ -15,11 +15,13 @@ import math
 import numbers
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from . import layout as _layout
 from .designs import positions
-from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes, unpack_placed
+from .designs.registry import (BlockTable, check_options, describe_options, get_design, num_axes as design_axes,
+                               unpack_placed)
 from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
@@ -74,6 +76,15 @@ def _token_grids(grid: Optional[GridLike], name: str, merge: int, limit: int) ->
             raise ValueError(f"rope_index: `{name}` contains NaN or inf; grids are whole patch counts (t, h, w)")
         if not (g == g.round()).all():
             raise ValueError(f"rope_index: `{name}` must hold whole patch counts, got {g.tolist()}")
+    g = g.cpu()
+    if not g.shape[0]:
+        return torch.zeros(0, 3, dtype=torch.int64)
+    # the common case in a few numpy operations; a batch that fails any check is worded by the loop below
+    x = g.to(torch.float64).numpy()  # exact up to 2**53; larger values go to the loop
+    q = np.floor_divide(x[:, 1:], merge)
+    if (x.min() >= 1 and x.max() <= 2**52 and np.array_equal(q * merge, x[:, 1:])
+            and bool((x[:, 0] * q[:, 0] * q[:, 1] <= limit).all())):
+        return torch.from_numpy(np.column_stack([x[:, 0], q]).astype(np.int64))
     rows = [[int(v) for v in row] for row in g.tolist()]
     tokens = []
     for row in rows:
@@ -134,8 +145,12 @@ def _intervals(num_videos: int, second_per_grid_ts, tokens_per_second) -> list[f
         )
     if not torch.isfinite(exact).all() or (exact < 0).any():
         raise ValueError(f"rope_index: `second_per_grid_ts` must be finite and >= 0, got {exact.tolist()}")
-    # same arithmetic (and dtype) as transformers: number times the tensor element
-    out = [float(tokens_per_second * s[v]) for v in range(num_videos)]
+    # same arithmetic (and dtype) as transformers: number times the tensor element (a Python number times
+    # the whole tensor promotes as it does with each element; a tensor factor is kept element by element)
+    if isinstance(tokens_per_second, torch.Tensor):
+        out = [float(tokens_per_second * s[v]) for v in range(num_videos)]
+    else:
+        out = [float(x) for x in (tokens_per_second * s).tolist()]
     _check_intervals(out, exact.tolist(), tokens_per_second)
     return out
 
@@ -153,33 +168,34 @@ def _check_intervals(intervals: list[float], seconds: Optional[list], tokens_per
         )
 
 
-def _assign(run_len: torch.Tensor, grids: Optional[torch.Tensor], name: str, kind: str) -> torch.Tensor:
+def _assign(run_len: np.ndarray, grids: Optional[torch.Tensor], name: str, kind: str) -> np.ndarray:
     """Split the runs of one modality into whole grids (in order); returns the run index of each grid."""
-    if run_len.numel() == 0:
+    if run_len.shape[0] == 0:
         if grids is not None and grids.shape[0]:
             raise ValueError(
                 f"rope_index: `{name}` describes {grids.shape[0]} {kind}(s) but `mm_token_type_ids` "
                 f"holds no {kind} tokens (after the attention mask)"
             )
-        return torch.zeros(0, dtype=torch.int64)
+        return np.zeros(0, dtype=np.int64)
     if grids is None or grids.shape[0] == 0:
         raise ValueError(f"rope_index: `mm_token_type_ids` holds {kind} tokens but `{name}` is missing; pass the grids")
-    tokens = grids.prod(dim=1)
-    cum_g, cum_r = tokens.cumsum(0), run_len.cumsum(0)
+    tokens = grids.prod(dim=1).numpy()
+    cum_g, cum_r = np.cumsum(tokens), np.cumsum(run_len)
     if int(cum_g[-1]) != int(cum_r[-1]):
         raise ValueError(
             f"rope_index: `{name}` describes {int(cum_g[-1])} {kind} tokens (t·h·w / merge² per grid: "
             f"{tokens.tolist()}) but `mm_token_type_ids` holds {int(cum_r[-1])}; the grids must match the tokens"
         )
-    if not torch.isin(cum_r, cum_g).all():
+    # every run must end where a grid ends (cum_g is strictly increasing and ends where cum_r does)
+    if not np.array_equal(cum_g[np.searchsorted(cum_g, cum_r)], cum_r):
         raise ValueError(
             f"rope_index: the runs of {kind} tokens in `mm_token_type_ids` (lengths {run_len.tolist()}) do not split "
             f"into whole {kind}s of `{name}` (tokens per {kind}: {tokens.tolist()})"
         )
-    return torch.searchsorted(cum_r, cum_g)
+    return np.searchsorted(cum_r, cum_g)
 
 
-def _grids_of_runs(owner: torch.Tensor, num_runs: int) -> list[list[int]]:
+def _grids_of_runs(owner: np.ndarray, num_runs: int) -> list[list[int]]:
     """Grid indices of each run, from the run index of each grid."""
     out: list[list[int]] = [[] for _ in range(num_runs)]
     for k, r in enumerate(owner.tolist()):
@@ -238,8 +254,9 @@ def rope_index(
     if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
         raise ValueError(f"rope_index: `spatial_merge_size` must be an int >= 1, got {spatial_merge_size!r}")
     types = types.to("cpu", torch.int64).contiguous()  # any strides in, one layout for the run encoding
-    low, high = torch.aminmax(types) if types.numel() else (torch.tensor(TEXT), torch.tensor(VIDEO))
-    if low < TEXT or high > VIDEO:
+    # checks and small passes over the batch in numpy (a third of torch's per-call cost at these sizes)
+    # one pass: read as unsigned, a negative value is larger than any valid one
+    if types.numel() and int(types.numpy().view(np.uint64).max()) > VIDEO:
         raise ValueError(
             f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
             f"got {sorted(set(types.unique().tolist()))}"
@@ -252,32 +269,37 @@ def rope_index(
             bad = False
         elif mask.is_floating_point() or not mask.numel():
             bad = bool(((mask != 0) & (mask != 1)).any())
-        else:  # integers: one pass
-            low, high = torch.aminmax(mask)
-            bad = bool(low < 0 or high > 1)
+        else:  # integers: one pass, read as unsigned (a negative value is larger than 1)
+            m = mask.numpy()
+            bad = int(m.view(np.dtype(f"u{m.itemsize}")).max()) > 1
         if bad:
             raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
-        valid = mask.bool().contiguous()
+        if mask.dtype == torch.bool or mask.is_floating_point():  # (bfloat16 has no numpy form)
+            valid = mask.bool().contiguous()
+        else:
+            valid = torch.from_numpy(mask.numpy().astype(bool))
     if not isinstance(per_axis_deltas, bool):
         raise TypeError(f"rope_index: `per_axis_deltas` must be True or False, got {per_axis_deltas!r}")
     images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size, types.numel())
     videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size, types.numel())
     intervals = _intervals(0 if videos is None else videos.shape[0], second_per_grid_ts, tokens_per_second)
-    videos, intervals = _split_frames(types, valid, videos, intervals, split_video_frames)
+    runs = _runs(types, valid) if types.numel() else None  # one run-length encoding for everything below
+    videos, intervals = _split_frames(types, valid, videos, intervals, split_video_frames, runs)
     _check_dtype(dtype)
 
     d = get_design(design)
     rule = d.block_rule
     check_options(d, design_options)
-    axes = design_axes(d, Layout([Text(1)]), design_options)  # images and videos are 2-D in every design
+    axes = design_axes(d, _ONE_TEXT, design_options)  # images and videos are 2-D in every design
     if axes is not None:
         _check_coordinates(axes, shape[0], shape[1], f"rope_index: design {d.name!r}")
     if rule is not None and types.numel():
-        pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas)
+        pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas,
+                                    d.delta_axes, runs)
     else:
         pos, delta = _index_per_layout(types, valid, images, videos, intervals, design, design_options, per_axis_deltas)
-    axes = get_design(design).delta_axes
-    if axes is not None and not per_axis_deltas:  # text continues after the max of these axes only
+    axes = d.delta_axes
+    if rule is None and axes is not None and not per_axis_deltas:  # text continues after the max of these axes only
         top = pos[list(axes)].masked_fill(~valid, -torch.inf).amax(dim=(0, 2)).double()
         n_valid = valid.sum(dim=1).double()
         delta = torch.where(n_valid > 0, top + 1.0 - n_valid, 0.0).to(torch.float32)[:, None]
@@ -287,13 +309,22 @@ def rope_index(
 
 
 def _split_frames(types: torch.Tensor, valid: torch.Tensor, videos: Optional[torch.Tensor], intervals: list[float],
-                  split: Optional[bool]) -> tuple[Optional[torch.Tensor], list[float]]:
+                  split: Optional[bool], runs: Optional[tuple] = None) -> tuple[Optional[torch.Tensor], list[float]]:
     """Video grids ``[t, h, w]`` split into ``t`` frames ``[1, h, w]`` (intervals repeated) where ``split`` says:
-    always (True), never (False), or (None) for the videos whose token runs break inside them."""
+    always (True), never (False), or (None) for the videos whose token runs break inside them.
+
+    ``runs`` (:func:`_runs` of the batch) settles the usual case at once: when every run of video tokens
+    ends where a video ends, nothing is split and no token is looked at again."""
     if split is not None and not isinstance(split, bool):
         raise TypeError(f"rope_index: `split_video_frames` must be True, False or None (auto), got {split!r}")
-    if videos is None or split is False or not bool((videos[:, 0] > 1).any()):
+    if videos is None or split is False or not (videos.numpy()[:, 0] > 1).any():
         return videos, intervals
+    if split is None and runs is not None:
+        run_len, kind = runs[1], runs[2]
+        run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(videos.numpy().prod(axis=1))
+        # runs here also break at masked tokens, so they end at least wherever the runs of valid tokens end
+        if run_end.shape[0] and run_end[-1] == end[-1] and np.array_equal(end[np.searchsorted(end, run_end)], run_end):
+            return videos, intervals
     cut = videos[:, 0] > 1
     if split is None:  # a run of video tokens ends strictly inside the video: its frames are separate blocks
         sample = torch.arange(types.shape[0]).repeat_interleave(valid.sum(dim=1))
@@ -362,8 +393,11 @@ def _index_per_layout(
     keys, run_len = torch.unique_consecutive(sample * 3 + types[valid], return_counts=True)
     run_sample, run_type = (keys // 3).tolist(), (keys % 3).tolist()
     is_img, is_vid = (keys % 3) == IMAGE, (keys % 3) == VIDEO
-    img_of_run = iter(_grids_of_runs(_assign(run_len[is_img], images, "image_grid_thw", "image"), int(is_img.sum())))
-    vid_of_run = iter(_grids_of_runs(_assign(run_len[is_vid], videos, "video_grid_thw", "video"), int(is_vid.sum())))
+    lengths = run_len.numpy()
+    img_of_run = iter(_grids_of_runs(_assign(lengths[is_img.numpy()], images, "image_grid_thw", "image"),
+                                     int(is_img.sum())))
+    vid_of_run = iter(_grids_of_runs(_assign(lengths[is_vid.numpy()], videos, "video_grid_thw", "video"),
+                                     int(is_vid.sum())))
 
     segments: list[list] = [[] for _ in range(batch)]
     for b, kind, n in zip(run_sample, run_type, run_len.tolist()):
@@ -406,31 +440,24 @@ def _index_per_layout(
     return out.permute(2, 0, 1).contiguous(), delta
 
 
+_ONE_TEXT = Layout([Text(1)])
 _PAD = -1  # kind of a padding run (attention mask 0), next to TEXT/IMAGE/VIDEO
 
 
-def _runs(types: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _runs(types: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run-length encode each row of (B, L) token types, padding being its own kind: flat start, length
-    and kind of every run. Works on one-byte codes: the batch can be millions of tokens."""
+    and kind of every run (numpy int64). Works on one-byte codes: the batch can be millions of tokens.
+    In numpy, whose element-wise passes and ``flatnonzero`` cost a third of torch's at these sizes."""
     batch, length = types.shape
-    code = types.to(torch.int8).add_(1).mul_(valid)  # padding 0, text 1, image 2, video 3
-    change = torch.empty(batch, length, dtype=torch.bool)
+    code = types.numpy().astype(np.int8)
+    code += 1
+    code *= valid.numpy()  # padding 0, text 1, image 2, video 3
+    change = np.empty((batch, length), dtype=bool)
     change[:, 0] = True
-    torch.ne(code[:, 1:], code[:, :-1], out=change[:, 1:])
-    start = change.reshape(-1).nonzero().squeeze(1)
-    run_len = torch.diff(start, append=torch.tensor([batch * length]))
-    return start, run_len, code.reshape(-1)[start].to(torch.int64) - 1
-
-
-def _fill_by_segment(first: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
-    """``values[s] + (k - first[s])`` for token k of segment s (segments cover ``0 … total-1`` in order), int32.
-
-    One cumulative sum of ones with a jump at each segment start: no per-token temporaries.
-    """
-    out = torch.ones(total, dtype=torch.int32)
-    prev_end = torch.cat([values.new_zeros(1), values[:-1] + (first[1:] - first[:-1]) - 1])
-    out[first] = (values - prev_end).to(torch.int32)
-    return out.cumsum_(0)
+    np.not_equal(code[:, 1:], code[:, :-1], out=change[:, 1:])
+    start = np.flatnonzero(change)
+    run_len = np.diff(start, append=batch * length)
+    return start, run_len, code.reshape(-1)[start].astype(np.int64) - 1
 
 
 def _abs_max(x: torch.Tensor) -> float:
@@ -444,8 +471,10 @@ def _whole(x: torch.Tensor) -> bool:
     return torch.equal(x, x.round())
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([x.new_zeros(1), x.cumsum(0)[:-1]])
+def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(x)
+    np.cumsum(x[:-1], out=out[1:])
+    return out
 
 
 def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -462,25 +491,53 @@ def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float]):
-    """The distinct vision blocks of the batch as segments and as keys ``(t, h, w, Δt)`` or ``(h, w)``, and
-    the index of each grid's block (image grids first, then video grids).
+    """The distinct vision blocks of the batch as a :class:`~ropekit.designs.registry.BlockTable`, and the
+    index of each grid's block (image grids first, then video grids), as numpy int64.
 
-    An image grid with several frames is a unit-interval video (as transformers treats it).
+    A block is ``(t, h, w, Δt)``, or an image ``(h, w)``; an image grid with several frames is a
+    unit-interval video (as transformers treats it). No segment object is built.
     """
-    keys = []
-    if images is not None:
-        keys += [(t, h, w, 1.0) if t > 1 else (h, w) for t, h, w in images.tolist()]
-    if videos is not None:
-        keys += [(t, h, w, iv) for (t, h, w), iv in zip(videos.tolist(), intervals)]
-    index: dict[tuple, int] = {}
-    block_of_grid = torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.int64)
-    blocks = [Video(*k) if len(k) == 4 else Image(*k) for k in index]
-    return blocks, list(index), block_of_grid
+    grids = [g for g in (images, videos) if g is not None and g.shape[0]]
+    if not grids:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return BlockTable(empty, empty, empty, empty.double(), empty.bool()), np.zeros(0, dtype=np.int64)
+    thw = torch.cat(grids).numpy()
+    n_img = 0 if images is None else images.shape[0]
+    is_video = np.ones(thw.shape[0], dtype=np.int64)
+    is_video[:n_img] = thw[:n_img, 0] > 1
+    interval = np.empty(thw.shape[0])
+    interval[:n_img] = is_video[:n_img]  # an image: Δt 0; an image grid with frames: a video of Δt 1
+    interval[n_img:] = intervals
+    levels, level = np.unique(interval, return_inverse=True)
+    if thw.max() < 2**20 and levels.shape[0] <= 4:  # one int64 key per block: (Δt level, is video, t, h, w)
+        key = (((level.reshape(-1) * 2 + is_video) << 60) | (thw[:, 0] << 40) | (thw[:, 1] << 20) | thw[:, 2])
+        keys, block_of_grid = np.unique(key, return_inverse=True)
+        distinct = np.empty((keys.shape[0], 5))
+        distinct[:, 0] = (keys >> 60) & 1
+        distinct[:, 1], distinct[:, 2], distinct[:, 3] = (keys >> 40) & (2**20 - 1), (keys >> 20) & (2**20 - 1), keys & (2**20 - 1)
+        distinct[:, 4] = levels[keys >> 61]
+        return _block_table(distinct), block_of_grid.reshape(-1)
+    keys = np.column_stack([is_video, thw, interval]).astype(np.float64)  # exact: sizes are checked < 2**52
+    # distinct rows: sorted (np.unique(axis=0) does the same, several times slower on a few hundred rows)
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    new = np.ones(ordered.shape[0], dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    distinct = ordered[new]
+    block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
+    block_of_grid[order] = np.cumsum(new) - 1
+    return _block_table(distinct), block_of_grid
 
 
-def _check_finite(offsets: torch.Tensor, start: torch.Tensor, text_max: int, rule, design_options: dict) -> None:
-    """Every position is a segment start plus an offset (or a text index): bound both, refuse beyond float32."""
-    bound = _abs_max(offsets) + max(text_max, 0) + _abs_max(start)
+def _block_table(distinct: np.ndarray) -> BlockTable:
+    """A BlockTable from rows ``(is video, t, h, w, Δt)``."""
+    sizes = distinct[:, 1:4].T.astype(np.int64)
+    return BlockTable(*(torch.from_numpy(x) for x in (sizes[0], sizes[1], sizes[2], distinct[:, 4].copy(),
+                                                      distinct[:, 0] == 0)))
+
+
+def _check_finite(bound: float, rule, design_options: dict) -> None:
+    """Every position is a segment start plus an offset (or a text index): refuse a bound beyond float32."""
     if not bound <= _FLOAT32_MAX:
         name = getattr(rule, "__name__", "the design").removesuffix("_blocks")
         raise ValueError(
@@ -499,21 +556,28 @@ def _index_by_rule(
     rule,
     design_options: dict,
     per_axis_deltas: bool,
+    delta_axes: Optional[tuple] = None,
+    runs: Optional[tuple] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Translation-structured designs: the whole batch with tensor operations, no loop over blocks or samples.
 
     Padding runs are segments too (rows of zeros that do not advance the start), so the result is
     produced in place in the padded layout without a scatter. A mask with holes inside a sample is
     first packed to right padding (transformers drops masked tokens before indexing, and so do we).
+    Per-segment work (a few hundred to a few thousand segments) is done in numpy, whose calls cost a
+    fraction of a torch call; per-token work is a handful of torch operations over the whole batch.
+    ``runs`` is :func:`_runs` of ``types`` and ``valid`` when the caller has it.
     """
     batch, length = types.shape
-    first_tok, run_len, kind = _runs(types, valid)
+    total = batch * length
+    first_tok, run_len, kind = _runs(types, valid) if runs is None else runs
     sample = first_tok // length
-    inner = (kind[1:-1] == _PAD) & (sample[:-2] == sample[1:-1]) & (sample[2:] == sample[1:-1])
-    if inner.any():  # padding between tokens of one sample: index the packed batch, then put it back
+    mid = sample[1:-1]
+    if ((kind[1:-1] == _PAD) & (sample[:-2] == mid) & (sample[2:] == mid)).any():
+        # padding between tokens of one sample: index the packed batch, then put it back
         packed_valid, packed_types = _repack(valid, types)
         pos_p, delta = _index_by_rule(packed_types, packed_valid, images, videos, intervals, rule,
-                                      design_options, per_axis_deltas)
+                                      design_options, per_axis_deltas, delta_axes)
         pos = pos_p.new_zeros(pos_p.shape[0], batch, length)
         pos[:, valid] = pos_p[:, packed_valid]
         return pos, delta
@@ -522,99 +586,128 @@ def _index_by_rule(
     is_img, is_vid = kind == IMAGE, kind == VIDEO
     img_owner = _assign(run_len[is_img], images, "image_grid_thw", "image")
     vid_owner = _assign(run_len[is_vid], videos, "video_grid_thw", "video")
-    per_run = torch.ones_like(run_len)
-    per_run[is_img] = torch.bincount(img_owner, minlength=int(is_img.sum()))
-    per_run[is_vid] = torch.bincount(vid_owner, minlength=int(is_vid.sum()))
-    seg_run = torch.repeat_interleave(torch.arange(run_len.numel()), per_run)
-    seg_kind, seg_sample, seg_len = kind[seg_run], sample[seg_run], run_len[seg_run]
-    seg_text, seg_pad = seg_kind == TEXT, seg_kind == _PAD
-    seg_vis = ~(seg_text | seg_pad)
-    grid_tokens = [g.prod(dim=1) for g in (images, videos) if g is not None and g.shape[0]]
-    blocks, keys, block_of_grid = _distinct_blocks(images, videos, intervals)
-    seg_grid = torch.zeros_like(seg_len)  # index into the image grids followed by the video grids
-    if grid_tokens:
-        n_img = 0 if images is None else images.shape[0]
-        seg_grid[seg_kind == IMAGE] = torch.arange(n_img)
-        seg_grid[seg_kind == VIDEO] = n_img + torch.arange(int((seg_kind == VIDEO).sum()))
-        seg_len[seg_vis] = torch.cat(grid_tokens)[seg_grid[seg_vis]]
-    seg_block = torch.zeros_like(seg_len)
-    if blocks:
-        seg_block[seg_vis] = block_of_grid[seg_grid[seg_vis]]
+    n_img, n_vid = img_owner.shape[0], vid_owner.shape[0]
+    if n_img + n_vid == int(np.count_nonzero(kind > TEXT)):  # one grid per vision run: the runs are the segments
+        seg_kind, seg_sample, seg_len = kind, sample, run_len
+    else:
+        per_run = np.ones_like(run_len)
+        per_run[is_img] = np.bincount(img_owner, minlength=int(is_img.sum()))
+        per_run[is_vid] = np.bincount(vid_owner, minlength=int(is_vid.sum()))
+        seg_run = np.repeat(np.arange(run_len.shape[0]), per_run)
+        seg_kind, seg_sample, seg_len = kind[seg_run], sample[seg_run], run_len[seg_run]
+        if n_img:
+            seg_len[seg_kind == IMAGE] = images.prod(dim=1).numpy()
+        if n_vid:
+            seg_len[seg_kind == VIDEO] = videos.prod(dim=1).numpy()
+    text_idx, pad_idx = np.flatnonzero(seg_kind == TEXT), np.flatnonzero(seg_kind == _PAD)
+    vis_idx = np.flatnonzero(seg_kind > TEXT)
+    blocks, block_of_grid = _distinct_blocks(images if n_img else None, videos if n_vid else None, intervals)
+    if n_img and n_vid:  # the block of each vision segment, in token order (images and videos interleave)
+        vis_block = np.empty(n_img + n_vid, dtype=np.int64)
+        is_image = seg_kind[vis_idx] == IMAGE
+        vis_block[is_image], vis_block[~is_image] = block_of_grid[:n_img], block_of_grid[n_img:]
+    else:
+        vis_block = block_of_grid
 
     # every distinct block placed once by the design's rule
     offsets, advance, absolute, gap = unpack_placed(rule(blocks, **design_options))
     axes = advance.shape[1]
-    block_len = torch.tensor([math.prod(k[:3]) for k in keys], dtype=torch.int64)
-    if blocks:
-        block_top = torch.segment_reduce(offsets, "max", lengths=block_len, axis=0)  # (blocks, A)
-    else:
-        block_top = offsets.new_zeros(0, axes)
+    block_len = blocks.num_tokens.numpy()
+    block_first = _exclusive_cumsum(block_len)
+    off = offsets.detach().numpy().T  # (A, Σ n): contiguous when the rule builds its offsets axis by axis
 
-    # start of every segment: exclusive sum of the advances before it in its sample
-    step = torch.zeros(seg_len.numel(), axes, dtype=torch.float64)
-    step[seg_text] = seg_len[seg_text].to(torch.float64)[:, None]
-    step[seg_vis] = advance[seg_block[seg_vis]]
-    per_sample = torch.bincount(seg_sample, minlength=batch)
-    sample_first = per_sample.cumsum(0) - per_sample
-    rank = torch.arange(seg_len.numel()) - sample_first[seg_sample]
+    # start of every segment: sum of the advances before it in its sample, in order (as the walk adds them)
+    num_seg = seg_len.shape[0]
+    step = np.zeros((num_seg, axes))
+    step[text_idx] = seg_len[text_idx, None]
+    step[vis_idx] = advance.numpy()[vis_block]
+    per_sample = np.bincount(seg_sample, minlength=batch)  # >= 1: every row is at least one run
+    sample_first = np.cumsum(per_sample) - per_sample
+    rank = np.arange(num_seg) - sample_first[seg_sample]
+    width = int(per_sample.max())
     if gap is None:
-        steps = torch.zeros(batch, int(per_sample.max()) + 1, axes, dtype=torch.float64)
+        steps = np.zeros((batch, width + 1, axes))
         steps[seg_sample, rank + 1] = step
-        start = steps.cumsum_(dim=1)[seg_sample, rank]  # sequential sums, as the walk does them
+        start = np.cumsum(steps, axis=1, out=steps)[seg_sample, rank]
     else:  # the gap before a vision segment is its own step, added just before it as the walk does
-        vis_before = _exclusive_cumsum(seg_vis.to(torch.int64))
-        later = seg_vis & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
-        steps = torch.zeros(batch, 2 * int(per_sample.max()) + 1, axes, dtype=torch.float64)
-        steps[seg_sample[later], 2 * rank[later] + 1] = gap
+        vis_before = _exclusive_cumsum((seg_kind > TEXT).astype(np.int64))
+        later = (seg_kind > TEXT) & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
+        steps = np.zeros((batch, 2 * width + 1, axes))
+        steps[seg_sample[later], 2 * rank[later] + 1] = gap.numpy()
         steps[seg_sample, 2 * rank + 2] = step
-        start = steps.cumsum_(dim=1)[seg_sample, 2 * rank + 1]
-    start[seg_pad] = 0.0
+        start = np.cumsum(steps, axis=1, out=steps)[seg_sample, 2 * rank + 1]
+    start[pad_idx] = 0.0
     if absolute is not None:  # absolute axes of vision blocks do not add the start (see designs.registry)
-        start[seg_vis] = start[seg_vis] * (~absolute).to(torch.float64)
+        start[vis_idx] *= ~absolute.numpy()
 
     # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
-    pad_max = int(seg_len[seg_pad].max()) if seg_pad.any() else 0
-    text_max = int(seg_len[seg_text].max()) if seg_text.any() else 0
-    base = torch.zeros_like(seg_len)
-    base[seg_text] = pad_max
-    base[seg_vis] = pad_max + text_max + _exclusive_cumsum(block_len)[seg_block[seg_vis]]
-
-    _check_finite(offsets, start, text_max, rule, design_options)
+    pad_max = int(seg_len[pad_idx].max()) if pad_idx.shape[0] else 0
+    text_max = int(seg_len[text_idx].max()) if text_idx.shape[0] else 0
+    base = np.zeros_like(seg_len)
+    base[text_idx] = pad_max
+    base[vis_idx] = pad_max + text_max + block_first[vis_block]
+    low, high = (off.min(), off.max()) if off.size else (0.0, 0.0)
+    off_max = float(np.maximum(-low, high))  # NaN stays NaN and is refused below
+    start_max = float(np.abs(start).max())
+    _check_finite(off_max + max(text_max, 0) + start_max, rule, design_options)
 
     # float32 arithmetic is exact when every value is an integer below 2**24, which is the usual case
-    exact32 = _whole(offsets) and _whole(start) and max(_abs_max(offsets), text_max) + _abs_max(start) < 2**24
-    dtype = torch.float32 if exact32 else torch.float64
-    ramp = torch.arange(text_max, dtype=dtype)[None].expand(axes, text_max)
-    table = torch.cat([torch.zeros(axes, pad_max, dtype=dtype), ramp, offsets.T.to(dtype)], dim=1)  # (A, rows)
-    total = batch * length
-    seg_first = _exclusive_cumsum(seg_len)
-    row = _fill_by_segment(seg_first, base, total)
-    tok_seg = torch.zeros(total, dtype=torch.int32)  # segment of every token
-    tok_seg[seg_first[1:]] = 1
-    tok_seg.cumsum_(0)
-    start_t = start.T.to(dtype).contiguous()
-    pos = torch.empty(axes, total, dtype=torch.float32)
-    rel, tmp = torch.empty(total, dtype=dtype), torch.empty(total, dtype=dtype)
-    diagonal = bool((start_t == start_t[:1]).all())  # every axis starts together (all but compact)
-    for a in range(axes):  # per axis, so that the token-sized temporaries are reused
-        torch.index_select(table[a], 0, row, out=rel)
-        if a == 0 or not diagonal:
-            torch.index_select(start_t[a], 0, tok_seg, out=tmp)
-        torch.add(rel, tmp, out=pos[a])  # summed in `dtype`, rounded to float32 once on the way out
+    exact32 = (max(off_max, text_max) + start_max < 2**24 and bool((start == np.rint(start)).all())
+               and np.array_equal(off, np.rint(off)))
+    np_dtype = np.float32 if exact32 else np.float64
+    first_block_row = pad_max + text_max
+    table = np.empty((axes, first_block_row + off.shape[1]), dtype=np_dtype)  # (A, rows)
+    table[:, :pad_max] = 0.0
+    table[:, pad_max:first_block_row] = np.arange(text_max)
+    table[:, first_block_row:] = off
+    # each block's largest offset per axis (exact in float32 too: whole numbers below 2**24)
+    if block_len.shape[0]:
+        block_top = np.maximum.reduceat(table[:, first_block_row:], block_first, axis=1).T.astype(np.float64)
+    else:
+        block_top = np.zeros((0, axes))
+    # table row of every token: its segment's row base plus its index inside the segment (numpy's repeat
+    # is several times faster than torch's here; int32 when every row number fits)
+    index = np.int32 if table.shape[1] + total < 2**31 else np.int64
+    row = np.repeat((base - _exclusive_cumsum(seg_len)).astype(index), seg_len)
+    row += np.arange(total, dtype=index)
+    # start of every token, once per distinct column of segment starts (axes that start together share it:
+    # all of them in most designs, the absolute ones among themselves)
+    columns, column_of_axis = [], []
+    for a in range(axes):
+        same = [c for c, b in enumerate(columns) if np.array_equal(start[:, a], start[:, b])]
+        column_of_axis.append(same[0] if same else len(columns))
+        if not same:
+            columns.append(a)
+    tok_start = np.repeat(start[:, columns].T.astype(np_dtype), seg_len, axis=1)
+    table, row, tok_start = torch.from_numpy(table), torch.from_numpy(row), torch.from_numpy(tok_start)
+    if exact32:
+        pos = torch.index_select(table, 1, row)
+        if len(columns) == 1:
+            pos += tok_start
+        else:
+            for a in range(axes):
+                pos[a] += tok_start[column_of_axis[a]]
+    else:  # summed in float64 and rounded to float32 once, axis by axis so that one temporary is reused
+        pos = torch.empty(axes, total, dtype=torch.float32)
+        rel = torch.empty(total, dtype=torch.float64)
+        for a in range(axes):
+            torch.index_select(table[a], 0, row, out=rel)
+            rel += tok_start[column_of_axis[a]]
+            pos[a] = rel
     pos = pos.view(axes, batch, length)
 
-    # deltas: largest coordinate per sample (from each segment's start + its largest offset)
-    seg_top = torch.full((seg_len.numel(), axes), -torch.inf, dtype=torch.float64)
-    seg_top[seg_text] = start[seg_text] + (seg_len[seg_text] - 1).to(torch.float64)[:, None]
-    seg_top[seg_vis] = start[seg_vis] + block_top[seg_block[seg_vis]]
-    top = torch.full((batch, axes), -torch.inf, dtype=torch.float64)
-    top.scatter_reduce_(0, seg_sample[:, None].expand(-1, axes), seg_top, "amax")
-    top = top.to(torch.float32).to(torch.float64)  # the max of the float32 positions
+    # deltas: largest coordinate per sample (from each segment's start + its largest offset), as float32
+    seg_top = np.full((num_seg, axes), -np.inf)
+    seg_top[text_idx] = start[text_idx] + (seg_len[text_idx] - 1)[:, None]
+    seg_top[vis_idx] = start[vis_idx] + block_top[vis_block]
+    top = np.maximum.reduceat(seg_top, sample_first, axis=0).astype(np.float32).astype(np.float64)  # max float32
     if not per_axis_deltas:
-        top = top.amax(dim=1, keepdim=True)
-    n_valid = torch.zeros(batch, dtype=torch.int64).index_add_(0, seg_sample, seg_len * (~seg_pad))[:, None]
-    delta = torch.where(n_valid > 0, top + 1.0 - n_valid.to(torch.float64), 0.0).to(torch.float32)
-    return pos, delta
+        top = (top if delta_axes is None else top[:, list(delta_axes)]).max(axis=1, keepdims=True)
+    counted = seg_len.copy()
+    counted[pad_idx] = 0
+    n_valid = np.add.reduceat(counted, sample_first)[:, None].astype(np.float64)
+    delta = np.where(n_valid > 0, top + 1.0 - n_valid, 0.0).astype(np.float32)
+    return pos, torch.from_numpy(delta)
 
 
 def decode_positions(

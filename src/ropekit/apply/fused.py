@@ -31,7 +31,7 @@ import warnings
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import triton_rope
+from . import _cpu_kernel, triton_rope
 from ._parallel import run_blocks
 from .planar import _broadcast, _validate, check_finite
 
@@ -72,16 +72,18 @@ def rotate_functional(
 _BLOCK_ELEMS = 1 << 19
 
 
-def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor, channels: str, rot: int):
+def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor, channels: str, rot: int,
+                  inplace: bool = False):
     """Rotate one block of ``x`` into the matching block of ``out`` (float32 maths, one rounding).
 
     Each half is ``x1·c`` written in place, then ``− x2·s`` (or ``+ x1·s``) subtracted in place: the
     reference's products and sums, so the same bits. A bfloat16/float16 output is computed in a float32
     block buffer and converted in one pass: a float32 op writing a low-precision ``out=`` would compute
-    into a hidden float32 buffer and convert per op.
+    into a hidden float32 buffer and convert per op. ``inplace`` (``out`` is ``x``): the block is computed
+    in a block buffer too, then copied over ``x``, since each half reads both halves of the input.
     """
     xf = x[..., :rot].to(c.dtype)
-    direct = out.dtype == c.dtype
+    direct = out.dtype == c.dtype and not inplace
     tmp = out[..., :rot] if direct else torch.empty(xf.shape, dtype=c.dtype, device=x.device)
     if channels == "half":
         x1, x2 = xf[..., : rot // 2], xf[..., rot // 2 :]
@@ -93,7 +95,7 @@ def _rotate_block(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.
     torch.mul(x2, c, out=o2).add_(x1 * s)
     if not direct:
         out[..., :rot].copy_(tmp)
-    if rot < x.shape[-1]:
+    if rot < x.shape[-1] and not inplace:
         out[..., rot:] = x[..., rot:]
 
 
@@ -107,7 +109,7 @@ def _output_format(x: torch.Tensor) -> torch.memory_format:
 
 def _rotate_eager(
     x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, channels: str, rot: int, seq_dim: int,
-    jobs: list | None = None,
+    jobs: list | None = None, dest: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eager rotation in cache-sized blocks along the sequence, written straight into the output.
 
@@ -116,7 +118,8 @@ def _rotate_eager(
     threads the blocks run concurrently (:func:`._parallel.run_blocks`), each block single-threaded. The
     operations and their order are the reference's, so results are identical bit for bit. With ``jobs``
     the blocks are appended there for the caller to run (q's and k's blocks in one pool pass) and
-    ``out`` is only complete after that.
+    ``out`` is only complete after that. ``dest`` (validated by :func:`_check_out`) is written instead of a
+    new tensor; it may be ``x`` itself.
     """
     work = _work_dtype(x)
     c = c.to(work)
@@ -125,18 +128,20 @@ def _rotate_eager(
     if (shape != x.shape[:-1] + (rot // 2,) or x.requires_grad or c.requires_grad or s.requires_grad
             or not all(_plain(t) for t in (x, c, s))):
         # broadcasting grows x, autograd, forward-mode AD or torch.func: stay functional (no out= ops)
-        return rotate_functional(x, c, s, channels, rot)
-    out = torch.empty_like(x, memory_format=_output_format(x))
+        out = rotate_functional(x, c, s, channels, rot)
+        return out if dest is None else dest.copy_(out)
+    out = torch.empty_like(x, memory_format=_output_format(x)) if dest is None else dest
+    inplace = dest is not None and _same_view(dest, x)
     ldim = x.ndim - 2 if seq_dim == -2 else 1
     cdim, sdim = ldim - (x.ndim - c.ndim), ldim - (x.ndim - s.ndim)
     L = x.shape[ldim]
     step = max(1, (_BLOCK_ELEMS * L) // max(1, x.numel()))
     if x.device.type != "cpu" or step >= L:
-        _rotate_block(x, c, s, out, channels, rot)
+        _rotate_block(x, c, s, out, channels, rot, inplace)
         return out
     def block(i: int, n: int):
         return lambda: _rotate_block(x.narrow(ldim, i, n), c.narrow(cdim, i, n), s.narrow(sdim, i, n),
-                                     out.narrow(ldim, i, n), channels, rot)
+                                     out.narrow(ldim, i, n), channels, rot, inplace)
 
     blocks = [block(i, min(step, L - i)) for i in range(0, L, step)]
     if jobs is None:
@@ -147,14 +152,18 @@ def _rotate_eager(
 
 
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
-                use_triton: bool, jobs: list | None = None) -> torch.Tensor:
+                use_triton: bool, jobs: list | None = None, dest: torch.Tensor | None = None) -> torch.Tensor:
     if use_triton:
-        return triton_rope.apply_rotary_triton(x, cos, sin, channels=channels, seq_dim=seq_dim)
+        out = triton_rope.apply_rotary_triton(x, cos, sin, channels=channels, seq_dim=seq_dim)
+        return out if dest is None else dest.copy_(out)
     c = _broadcast(cos, x, seq_dim)
     s = _broadcast(sin, x, seq_dim)
     if torch.compiler.is_compiling():
+        if dest is not None:
+            _rotate_into(x, c, s, dest, channels, rot, _same_view(dest, x))
+            return dest
         return rotate_functional(x, c, s, channels, rot)
-    return _rotate_eager(x, c, s, channels, rot, seq_dim, jobs)
+    return _rotate_eager(x, c, s, channels, rot, seq_dim, jobs, dest)
 
 
 # Calls with at least this many elements of q and k together take the compiled CPU kernel by default.
@@ -179,6 +188,47 @@ def _rotate_one_body(x, cos, sin, channels: str, seq_dim: int, rot: int):
     return rotate_functional(x, _broadcast(cos, x, seq_dim), _broadcast(sin, x, seq_dim), channels, rot)
 
 
+def _rotate_into(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor, channels: str, rot: int,
+                 inplace: bool = False) -> None:
+    """:func:`rotate_functional` written into ``out`` (the same products, sums and single rounding).
+
+    Traceable: each half is one element-wise expression copied into its slice of ``out``, which Inductor
+    compiles into loops that store straight into ``out`` (no result buffer, no second pass). With
+    ``inplace`` (``out`` is ``x``) both halves are formed before either is written, as each reads both
+    halves of the input.
+    """
+    work = _work_dtype(x)
+    c = c.to(work)
+    s = s.to(work)
+    xr = x[..., :rot].to(work)
+    if channels == "half":
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        o1, o2 = out[..., : rot // 2], out[..., rot // 2 : rot]
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        o1, o2 = out[..., 0:rot:2], out[..., 1:rot:2]
+    if inplace:
+        first, second = (x1 * c - x2 * s).to(out.dtype), (x2 * c + x1 * s).to(out.dtype)
+        o1.copy_(first)
+        o2.copy_(second)
+        return
+    o1.copy_((x1 * c - x2 * s).to(out.dtype))
+    o2.copy_((x2 * c + x1 * s).to(out.dtype))
+    if rot < x.shape[-1]:
+        out[..., rot:].copy_(x[..., rot:])
+
+
+def _rotate_qk_out_body(q, k, cos, sin, q_out, k_out, channels: str, seq_dim: int, rot: int):
+    """:func:`_rotate_qk_body` written into ``q_out``/``k_out`` (distinct from the inputs)."""
+    for x, o in ((q, q_out), (k, k_out)):
+        _rotate_into(x, _broadcast(cos, x, seq_dim), _broadcast(sin, x, seq_dim), o, channels, rot)
+
+
+def _rotate_one_out_body(x, cos, sin, out, channels: str, seq_dim: int, rot: int):
+    """The single-tensor form of :func:`_rotate_qk_out_body`."""
+    _rotate_into(x, _broadcast(cos, x, seq_dim), _broadcast(sin, x, seq_dim), out, channels, rot)
+
+
 def _tensor_key(t: torch.Tensor) -> tuple:
     """What a compiled graph fixes about one input besides its sizes: dtype, rank (each size read as 0, 1
     or more, since Dynamo specializes sizes 0 and 1), last dim (the rotary width is compared with it),
@@ -186,10 +236,11 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return t.dtype, tuple(min(n, 2) for n in t.shape), t.shape[-1], t.is_contiguous()
 
 
-def _variant_key(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int) -> tuple:
+def _variant_key(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
+                 outs: tuple = ()) -> tuple:
     """The variant of a call: calls with the same key differ only in sizes, which one compiled body absorbs
     (automatic dynamic shapes: static first, symbolic sizes after the first change)."""
-    return (len(xs), channels, seq_dim, rot, *(_tensor_key(t) for t in (*xs, cos, sin)))
+    return (len(xs), len(outs), channels, seq_dim, rot, *(_tensor_key(t) for t in (*xs, cos, sin, *outs)))
 
 
 def _own_copy(fn):
@@ -208,7 +259,9 @@ def _compiled(key: tuple, fresh: bool = False):
     replaces a body whose variant hit Dynamo's recompile limit all the same."""
     fn = _compiled_fns.get(key)
     if fn is None or fresh:
-        body = _rotate_qk_body if key[0] == 2 else _rotate_one_body
+        bodies = {(2, 0): _rotate_qk_body, (1, 0): _rotate_one_body, (2, 2): _rotate_qk_out_body,
+                  (1, 1): _rotate_one_out_body}
+        body = bodies[key[:2]]
         fn = _compiled_fns[key] = torch.compile(_own_copy(body), fullgraph=True)
     return fn
 
@@ -262,15 +315,18 @@ def _use_compiled(compiled: bool | None, xs: tuple, cos: torch.Tensor, sin: torc
 
 
 def _apply_compiled(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
-                    forced: bool):
-    """The compiled CPU path, or None when it failed (then the caller runs the eager blocks)."""
+                    forced: bool, outs: tuple = ()):
+    """The compiled CPU path, or None when it failed (then the caller runs the eager blocks). With ``outs``
+    (distinct from the inputs) the results are written there and ``outs`` is returned."""
     global _COMPILE_FAILED
     work = torch.float64 if all(x.dtype == torch.float64 for x in xs) else torch.float32
     check_finite(cos, "cos", work)
     check_finite(sin, "sin", work)
     try:
-        key = _variant_key(xs, cos, sin, channels, seq_dim, rot)
-        out = _call_compiled(key, (*xs, cos, sin, channels, seq_dim, rot))
+        key = _variant_key(xs, cos, sin, channels, seq_dim, rot, outs)
+        out = _call_compiled(key, (*xs, cos, sin, *outs, channels, seq_dim, rot))
+        if outs:
+            return outs
     except Exception as err:  # noqa: BLE001 - no compiler, an input it cannot trace, ...: the eager path still works
         if forced:
             raise
@@ -302,6 +358,7 @@ def apply_rotary_qk_fused(
     channels: str = "half",
     seq_dim: int = -2,
     compiled: bool | None = None,
+    out: "tuple[torch.Tensor, torch.Tensor] | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys like :func:`ropekit.apply_rotary_qk`, on the fastest available backend.
 
@@ -310,23 +367,142 @@ def apply_rotary_qk_fused(
     or ``(B, H, L, R/2)`` with ``R <= D`` rotary channels, their batch q's or 1 (see :func:`ropekit.apply_rotary`).
     ``compiled``: None (default) takes the compiled CPU kernel for large calls without gradients (see the
     module docstring), True always for CPU calls without gradients, False never.
+
+    ``out=(q_out, k_out)`` writes the results into those tensors and returns them: the same values, bit for
+    bit, without allocating (a fresh output costs a page fault per 4 KiB on first touch, which is most of
+    the time of a large functional call). Each must have its input's shape, dtype and device and memory of
+    its own; ``q_out`` may be ``q`` itself (and ``k_out`` ``k``) to rotate in place, but no output may
+    otherwise overlap an input, cos/sin or the other output. Not differentiable: refused when autograd
+    would need the inputs.
     """
     rot, seq_dim = _validate(q, cos, sin, channels, seq_dim, "q", finite=False)
     if _validate(k, cos, sin, channels, seq_dim, "k", finite=False)[1] != seq_dim:
         raise ValueError(f"`k` {tuple(k.shape)} must have the rank of `q` {tuple(q.shape)}")
-    return _apply((q, k), cos, sin, channels, seq_dim, rot, compiled)
+    if out is None:
+        return _apply((q, k), cos, sin, channels, seq_dim, rot, compiled)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"`out` must be a pair (q_out, k_out) of tensors, got {type(out).__name__}"
+                        + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    outs = _check_out(tuple(out), (q, k), ("q", "k"), ("out[0]", "out[1]"), cos, sin)
+    return _apply((q, k), cos, sin, channels, seq_dim, rot, compiled, outs)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are the same elements in the same layout (``a`` may be written as ``b``'s in-place result)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """First and one-past-last byte address that ``t``'s elements may occupy (empty for no elements)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share an element's memory: never across storages or disjoint byte ranges;
+    exactly for two views of one layout (q, k and v sliced from one projection); otherwise conservatively
+    (intersecting byte ranges count as overlapping)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    if not (a0 < b1 and b0 < a1):
+        return False
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+        return True
+    diff, rem = divmod(b.data_ptr() - a.data_ptr(), a.element_size())
+    return rem == 0 and _reachable(diff, a.shape, a.stride())
+
+
+def _self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share memory (an expanded view); decided from the strides: sorted by
+    stride, each must exceed the reach of the smaller ones (torch's own check gives up on permuted views)."""
+    reach = 0
+    for st, n in sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
+def _reachable(d: int, shape, stride) -> bool:
+    """Whether ``d = Σ e_k·stride_k`` for some integers ``|e_k| < shape_k``: two views of one non-self-overlapping
+    layout, ``d`` elements apart, share an element. With the dims sorted by stride, each stride exceeds the
+    reach of the smaller ones, so from the largest stride down each digit has at most two candidates."""
+    dims = sorted((abs(st), n) for n, st in zip(shape, stride) if n > 1)
+    reach = [0]
+    for st, n in dims:
+        if st <= reach[-1]:
+            return True  # not nested (the layout overlaps itself): stay conservative
+        reach.append(reach[-1] + (n - 1) * st)
+
+    def solve(d: int, k: int) -> bool:
+        if k < 0:
+            return d == 0
+        st, n = dims[k]
+        return any(abs(e) < n and abs(d - e * st) <= reach[k] and solve(d - e * st, k - 1)
+                   for e in {d // st, -(-d // st)})
+
+    return solve(d, len(dims) - 1)
+
+
+def _check_out(outs: tuple, xs: tuple, x_names: tuple, names: tuple, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """Validate ``out`` tensors for the inputs ``xs``; returns them. TypeError for a non-tensor or a wrong dtype,
+    ValueError for a wrong shape or device, overlapping memory, or a call that autograd would need."""
+    for o, x, name, x_name in zip(outs, xs, names, x_names):
+        if not isinstance(o, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor (the result for `{x_name}`), got {type(o).__name__}")
+        if o.dtype != x.dtype:
+            raise TypeError(f"`{name}` has dtype {o.dtype} but `{x_name}` is {x.dtype}; the result keeps its "
+                            f"input's dtype, so `{name}` must be {x.dtype}")
+        if o.shape != x.shape:
+            raise ValueError(f"`{name}` has shape {tuple(o.shape)} but `{x_name}` has {tuple(x.shape)}; they must match")
+        if o.device != x.device:
+            raise ValueError(f"`{name}` is on {o.device} but `{x_name}` is on {x.device}; they must be on one device")
+        if _self_overlapping(o):
+            raise ValueError(f"`{name}` has elements that share memory (an expanded or broadcast view); give a tensor "
+                             f"with memory of its own")
+    for i, (o, name) in enumerate(zip(outs, names)):
+        others = [(x, f"`{n}`") for j, (x, n) in enumerate(zip(xs, x_names))]
+        others += [(cos, "`cos`"), (sin, "`sin`")] + [(outs[j], f"`{names[j]}`") for j in range(i + 1, len(outs))]
+        for j, (t, what) in enumerate(others):
+            if j == i and _same_view(o, t):
+                continue  # the input itself: in place
+            if _overlap(o, t):
+                hint = (f"; to rotate in place pass `{x_names[i]}` itself (same view)" if j == i else "")
+                raise ValueError(f"`{name}` overlaps the memory of {what}{hint}; outputs must not overlap "
+                                 f"other arguments")
+    tensors = (*xs, cos, sin, *outs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise ValueError("`out=` is not differentiable (as torch's out= functions); call without `out` when "
+                         "autograd needs the result, or under torch.no_grad()")
+    if not all(_plain(t) for t in tensors):
+        raise ValueError("`out=` does not support forward-mode AD or torch.func transforms; call without `out`")
+    return outs
 
 
 def _apply(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int, rot: int,
-           compiled: bool | None = None) -> tuple:
-    """Rotate the validated tensors ``xs`` (one or q and k) with cos/sin whose values are not yet checked."""
-    if _use_compiled(compiled, xs, cos, sin):
-        out = _apply_compiled(xs, cos, sin, channels, seq_dim, rot, forced=bool(compiled))
+           compiled: bool | None = None, outs: tuple = ()) -> tuple:
+    """Rotate the validated tensors ``xs`` (one or q and k) with cos/sin whose values are not yet checked;
+    into ``outs`` (validated by :func:`_check_out`) when given."""
+    if outs and _into_with_kernel(xs, outs, cos, sin, channels, seq_dim, rot, compiled):
+        return outs
+    inplace = any(_same_view(o, x) for o, x in zip(outs, xs))
+    # in place, Inductor's code would need a result buffer (each output reads both halves of its input):
+    # the eager blocks compute each block in a cache-sized buffer and copy it over the input instead
+    if _use_compiled(compiled, xs, cos, sin) and not inplace:
+        out = _apply_compiled(xs, cos, sin, channels, seq_dim, rot, forced=bool(compiled), outs=outs)
         if out is not None:
             return out
     use_triton = _triton_ok(xs[0], xs[-1], cos, sin, seq_dim)
     jobs: list = []  # eager CPU blocks of every tensor, run together on the worker threads
-    out = tuple(_rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton, jobs) for x in xs)
+    dests = outs or (None,) * len(xs)
+    out = tuple(_rotate_one(x, cos, sin, channels, seq_dim, rot, use_triton, jobs, d) for x, d in zip(xs, dests))
     # cos/sin are checked once for all tensors, in the working dtype of any (float32 unless all are float64)
     dtype = torch.float64 if all(x.dtype == torch.float64 for x in xs) else torch.float32
     if jobs:  # never under torch.compile or on accelerators: nothing there is deferred
@@ -336,6 +512,26 @@ def _apply(xs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_d
         check_finite(cos, "cos", dtype)
         check_finite(sin, "sin", dtype)
     return out
+
+
+def _into_with_kernel(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, channels: str, seq_dim: int,
+                      rot: int, compiled: bool | None) -> bool:
+    """``out=`` on the CPU with the compiled kernel of :mod:`._cpu_kernel` (in place too); False where it does
+    not apply (other layouts or dtypes, ``compiled=False``, ``ROPEKIT_COMPILE=0``, inside torch.compile, no
+    compiler), and the caller takes its other paths."""
+    if compiled is False or not _env_allows_compile() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if not all(_cpu_kernel.supports(x, o, channels) for x, o in zip(xs, outs)) or xs[0].dtype != xs[-1].dtype:
+        return False
+    kern = _cpu_kernel.kernel_for(xs[0].dtype)
+    if kern is None:
+        return False
+    check_finite(cos, "cos", torch.float32)
+    check_finite(sin, "sin", torch.float32)
+    for x, o in zip(xs, outs):
+        _cpu_kernel.rotate_half_into(kern, x, _broadcast(cos, x, seq_dim), _broadcast(sin, x, seq_dim), o, seq_dim,
+                                     rot)
+    return True
 
 
 def _finite_checks(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pieces: int) -> list:
@@ -356,7 +552,12 @@ def apply_rotary_fused(
     channels: str = "half",
     seq_dim: int = -2,
     compiled: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics)."""
+    """Single-tensor form of :func:`apply_rotary_qk_fused` (same backends, same semantics); ``out`` is one
+    tensor (``x`` itself rotates in place)."""
     rot, seq_dim = _validate(x, cos, sin, channels, seq_dim, finite=False)
-    return _apply((x,), cos, sin, channels, seq_dim, rot, compiled)[0]
+    if out is None:
+        return _apply((x,), cos, sin, channels, seq_dim, rot, compiled)[0]
+    outs = _check_out((out,), (x,), ("x",), ("out",), cos, sin)
+    return _apply((x,), cos, sin, channels, seq_dim, rot, compiled, outs)[0]

@@ -7,14 +7,16 @@ the text vector (eqs. 10–12), centred where the block starts on the text diago
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Sequence, Union
 
+import numpy as np
 import torch
 
 from ..layout import _FLOAT32_MAX, Image, Layout, Segment, _show, check_token_count
-from .registry import block_rows, ragged_arange, register, video_blocks, walk
+from .registry import _ragged, block_rows_np, register, video_blocks, walk
 
 __all__ = ["circle", "circle_blocks", "ring_offsets", "MEASURES"]
 
@@ -46,12 +48,12 @@ def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text
     if not 0 <= _real(delta) < math.inf:
         raise ValueError(f"circle: `delta` (multi-image offset, paper §4.3) must be a number >= 0, got {_show(delta)}")
     try:
-        n = torch.as_tensor([_real(c) for c in text_vector], dtype=torch.float64)
+        n = [_real(c) for c in text_vector]
     except TypeError:
         raise ValueError(f"circle: `text_vector` must be 3 finite numbers, got {_show(text_vector)}") from None
-    if n.numel() != 3 or not torch.isfinite(n).all() or float(n.abs().max()) == 0.0:
+    if len(n) != 3 or not all(math.isfinite(c) for c in n) or max(abs(c) for c in n) == 0.0:
         raise ValueError(f"circle: `text_vector` must be 3 finite numbers, not all zero, got {_show(text_vector)}")
-    return n
+    return torch.tensor(n, dtype=torch.float64)
 
 
 def _radius(radius: Union[float, str], k: float, spread: float) -> float:
@@ -68,6 +70,14 @@ def _radius(radius: Union[float, str], k: float, spread: float) -> float:
 
 def _basis(text_vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Orthonormal (u, v) spanning the plane orthogonal to n (paper eqs. 10–11)."""
+    u, v = _basis_of(tuple(text_vector.tolist()))
+    return u.clone(), v.clone()
+
+
+@functools.lru_cache(maxsize=64)
+def _basis_of(text_vector: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_basis` of a text vector given as a tuple of floats, computed once per vector."""
+    text_vector = torch.tensor(text_vector, dtype=torch.float64)
     n = text_vector / text_vector.abs().max()  # scaled first: the norm of huge components would overflow
     n = n / n.norm()
     u = torch.stack([-n[1], n[0], torch.zeros((), dtype=n.dtype)])
@@ -75,45 +85,65 @@ def _basis(text_vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return u, torch.linalg.cross(n, u)
 
 
-def _rings(h: torch.Tensor, w: torch.Tensor, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torch.Tensor]:
+def _rings(h, w, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring coordinates of many ``h × w`` grids, concatenated ``(Σ h·w, 3)`` float64 on axes (t, h, w), and
     each grid's largest coordinate ``(G,)``.
 
     Every token-sized step is elementwise or a per-grid min/max, so each grid's ring is exactly the one it
-    would get alone; whatever depends on the grid only is computed once per grid.
+    would get alone; whatever depends on the grid only is computed once per grid. The arithmetic runs in
+    numpy (IEEE: the same bits as torch, at a fraction of the per-call cost); sqrt, atan2, cos and sin stay
+    torch's (its vectorised sqrt is not always numpy's correctly rounded one).
     """
+    as_np = lambda x: x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)  # noqa: E731
+    h, w = as_np(h).astype(np.int64), as_np(w).astype(np.int64)
     lengths = h * w
-    row_grid, _, row_index, token_row, token_col = block_rows(torch.ones_like(h), h, w)
-    grid = row_grid[token_row]
+    first = np.cumsum(lengths) - lengths
+    # tokens are grid-major and rows row-major, so a per-grid (per-row) value of every token is a repeat
+    _, row_index = _ragged(h)
+    row_w = np.repeat(w, h)
+    _, token_col = _ragged(row_w)
     # eqs. 2–3: centre at the midpoint of the extent, ((w−1)/2, (h−1)/2); x − x is +0.0, so no −0.0 arises
-    cx, cy = (w - 1).to(torch.float64) / 2, (h - 1).to(torch.float64) / 2
-    x = token_col.to(torch.float64) - cx[grid]
-    y = (row_index.to(torch.float64) - cy[row_grid])[token_row]
+    cx, cy = (w - 1).astype(np.float64) / 2, (h - 1).astype(np.float64) / 2
+    x = token_col.astype(np.float64)
+    x -= np.repeat(cx, lengths)
+    y = np.repeat(row_index.astype(np.float64) - np.repeat(cy, h), row_w)
     # eqs. 4–6: spatial-origin angle, min–max normalised to [0, 2π] within each grid (a 1 × 1 grid: 0)
-    theta = torch.atan2(y, x)
-    low = torch.segment_reduce(theta, "min", lengths=lengths)
-    span = torch.segment_reduce(theta, "max", lengths=lengths) - low
-    span = torch.where(span > 0, span, 1.0)  # only a single token has no span, and its θ − θmin is 0
-    sa = (theta - low[grid]) / span[grid] * (2 * math.pi)  # × 2π is × 2 then × π: doubling is exact
-    # eq. 7: grid-index angle; eq. 8: mix
-    first = (lengths.cumsum(0) - lengths)[grid]
-    ga = (torch.arange(len(grid), dtype=torch.float64) - first) / lengths[grid].to(torch.float64) * (2 * math.pi)
-    mixed = alpha * sa + (1 - alpha) * ga
+    theta = torch.atan2(torch.from_numpy(y), torch.from_numpy(x)).numpy()
+    low = np.minimum.reduceat(theta, first)
+    span = np.maximum.reduceat(theta, first) - low
+    span = np.where(span > 0, span, 1.0)  # only a single token has no span, and its θ − θmin is 0
+    sa = theta - np.repeat(low, lengths)
+    sa /= np.repeat(span, lengths)
+    sa *= 2 * math.pi  # × 2π is × 2 then × π: doubling is exact
+    # eq. 7: grid-index angle; eq. 8: mix (the weights as torch forms them: 1 − alpha in alpha's own type)
+    ga = np.arange(theta.shape[0], dtype=np.float64)
+    ga -= np.repeat(first, lengths)
+    ga /= np.repeat(lengths.astype(np.float64), lengths)
+    ga *= 2 * math.pi
+    sa *= float(alpha)
+    ga *= float(1 - alpha)
+    mixed = sa
+    mixed += ga
     # eq. 9 (l2) or the reference code's max |coordinate|: both largest at a corner of the centred grid
-    spread = torch.sqrt(cx * cx + cy * cy) if measure == "l2" else torch.maximum(cx, cy)
+    spread = torch.sqrt(torch.from_numpy(cx * cx + cy * cy)).numpy() if measure == "l2" else np.maximum(cx, cy)
     if radius == "auto":
-        R = k * spread
+        R = float(k) * spread
         bad = ~(R <= _FLOAT32_MAX)
         if bad.any():
-            _radius(radius, k, float(spread[bad.nonzero()[0, 0]]))  # raises, naming `k`
-        R = R[grid]
+            _radius(radius, k, float(spread[np.flatnonzero(bad)[0]]))  # raises, naming `k`
+        R = np.repeat(R, lengths)
     else:
         R = _radius(radius, k, 0.0)
     # eq. 12, with the components (first, second, third) on the axes (w, h, t); built axis by axis as
     # (3, Σ h·w), so that every operation runs on contiguous vectors
-    a, b = R * torch.cos(mixed), R * torch.sin(mixed)
-    ring = torch.stack([a * u[2 - i] + b * v[2 - i] for i in range(3)])
-    return ring.T, torch.segment_reduce(ring.amax(dim=0), "max", lengths=lengths)
+    mixed = torch.from_numpy(mixed)
+    a, b = R * torch.cos(mixed).numpy(), R * torch.sin(mixed).numpy()
+    (u0, u1, u2), (v0, v1, v2) = u.tolist(), v.tolist()
+    ring = np.empty((3, a.shape[0]))
+    for i, (ui, vi) in enumerate(((u2, v2), (u1, v1), (u0, v0))):
+        np.multiply(a, ui, out=ring[i])
+        ring[i] += b * vi
+    return torch.from_numpy(ring).T, torch.from_numpy(np.maximum.reduceat(ring.max(axis=0), first))
 
 
 def ring_offsets(
@@ -154,23 +184,30 @@ def circle_blocks(
     gap = torch.full((3,), float(delta), dtype=torch.float64)
     if not len(segments):
         return torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64), None, gap
-    grids, grid_of_block = torch.unique(torch.stack([h, w], 1), dim=0, return_inverse=True)
+    t, h, w, interval = t.numpy(), h.numpy(), w.numpy(), interval.numpy()
+    if h.max() < 2**31 and w.max() < 2**31:  # one int64 key per (h, w): a 1-D unique, sorted as (h, w)
+        keys, grid_of_block = np.unique(h * 2**31 + w, return_inverse=True)
+        grids = np.stack([keys >> 31, keys & (2**31 - 1)], axis=1)
+    else:
+        grids, grid_of_block = np.unique(np.stack([h, w], 1), axis=0, return_inverse=True)
+    grid_of_block = grid_of_block.reshape(-1)
     u, v = _basis(n)
     rings, ring_top = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
-    ring_start = _exclusive_cumsum(grids[:, 0] * grids[:, 1])
-    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    rings, ring_top = rings.numpy().T, ring_top.numpy()
+    sizes = grids[:, 0] * grids[:, 1]
+    ring_start = np.cumsum(sizes) - sizes
+    row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
     row_first = ring_start[grid_of_block[row_block]] + row_index * w[row_block]  # ring index of each row's first token
-    offsets = rings.T.index_select(1, row_first[token_row] + token_col)  # (3, Σ n): contiguous per axis
-    if bool((t > 1).any()):  # frame f moves by f·Δt on every axis
-        offsets += (row_frame.to(torch.float64) * interval[row_block])[token_row]
-    offsets = offsets.T
+    index = row_first[token_row] + token_col
+    offsets = np.empty((3, index.shape[0]))
+    for i in range(3):  # (3, Σ n): contiguous per axis
+        np.take(rings[i], index, out=offsets[i], mode="clip")
+    if (t > 1).any():  # frame f moves by f·Δt on every axis
+        offsets += (row_frame.astype(np.float64) * interval[row_block])[token_row]
     # Δt >= 0 and rounding is monotonic: the largest coordinate is the last frame's ring maximum
-    top = (t - 1).to(torch.float64) * interval + ring_top[grid_of_block]
-    return offsets, (top + 1.0)[:, None].expand(-1, 3).contiguous(), None, gap
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([x.new_zeros(1), x.cumsum(0)[:-1]])
+    top = (t - 1).astype(np.float64) * interval + ring_top[grid_of_block]
+    return (torch.from_numpy(offsets).T, torch.from_numpy(top + 1.0)[:, None].expand(-1, 3).contiguous(), None,
+            gap)
 
 
 @register("circle", summary="Circle-RoPE: image tokens on a ring orthogonal to the text axis (PTD = 0)",

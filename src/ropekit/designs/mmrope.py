@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows, positive_number
+from ._common import frame_rows_np, gather_rows, positive_number
 from .registry import register, walk
 
 __all__ = ["mmrope", "mmrope_blocks"]
@@ -34,12 +35,12 @@ def mmrope_blocks(segments: Sequence[Segment], position_scale: Sequence[float] =
     """MMRoPE block rule: frame f of a block starts ``f`` frame steps after it, a frame step being
     ``max(σ_h·(h−1), σ_w·(w−1)) + 1``; token (r, c) at ``(0, σ_h·r, σ_w·c)`` from the frame start."""
     _, sh, sw = _check_scale(position_scale)
-    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "mmrope")
-    step = torch.maximum(sh * (h - 1).to(torch.float64), sw * (w - 1).to(torch.float64)) + 1.0
-    start = frame * step.index_select(0, seg)
-    offsets = torch.stack([start, start + sh * row, start], dim=1).index_select(0, token_row)
-    offsets[:, 2] += sw * col
-    return offsets, (t.to(torch.float64) * step)[:, None].expand(-1, 3).contiguous()
+    seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, "mmrope")
+    step = np.maximum(sh * (h - 1).astype(np.float64), sw * (w - 1).astype(np.float64)) + 1.0
+    start = frame * step[seg]
+    offsets = gather_rows([start, start + sh * row, start], token_row)
+    offsets[2] += sw * col
+    return torch.from_numpy(offsets).T, torch.from_numpy(t.astype(np.float64) * step)[:, None].expand(-1, 3).contiguous()
 
 
 @register(

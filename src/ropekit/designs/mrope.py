@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment, Video, check_token_count
 from ._common import frame_grid
-from .registry import block_rows, register, video_blocks, walk
+from .registry import block_rows_np, register, video_blocks, walk
 
 __all__ = ["vision_block", "mrope", "mrope_blocks", "thw_offsets", "CONTINUATIONS"]
 
@@ -58,16 +59,21 @@ def thw_offsets(segments: Sequence[Segment], design: str = "mrope") -> tuple[tor
     """(t, h, w) offsets of the tokens of many vision blocks, concatenated ``(Σ n, 3)`` float64, and each
     block's largest offset per axis ``(S, 3)`` — :func:`vision_block` for all blocks at once."""
     t, h, w, interval = video_blocks(segments, design)
-    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
-    # floor(f·Δt) in float32, like temporal_index (and transformers)
-    dt = interval.to(torch.float32)
-    time = torch.floor(row_frame.to(torch.float32) * dt[row_block])
-    per_row = torch.stack([time.to(torch.float64), row_index.to(torch.float64), torch.zeros_like(time, dtype=torch.float64)], 1)
-    offsets = per_row.index_select(0, token_row)
-    offsets[:, 2] = token_col
-    last = torch.floor((t - 1).to(torch.float32) * dt).to(torch.float64)  # Δt >= 0: the last frame is the max
-    top = torch.stack([last, (h - 1).to(torch.float64), (w - 1).to(torch.float64)], dim=1)
-    return offsets, top
+    t, h, w = t.numpy(), h.numpy(), w.numpy()
+    row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
+    # floor(f·Δt) in float32, like temporal_index (and transformers); numpy's float32 product and floor
+    # are torch's (IEEE), at a fraction of the per-call cost
+    dt = interval.to(torch.float32).numpy()
+    time = np.floor(row_frame.astype(np.float32) * dt[row_block]).astype(np.float64)
+    # built axis by axis as (3, Σ n) and returned transposed: contiguous gathers, and the batched index
+    # reads each axis of the result as one contiguous row
+    offsets = np.empty((3, token_row.shape[0]))
+    np.take(time, token_row, out=offsets[0], mode="clip")
+    np.take(row_index.astype(np.float64), token_row, out=offsets[1], mode="clip")
+    offsets[2] = token_col
+    last = np.floor((t - 1).astype(np.float32) * dt).astype(np.float64)  # Δt >= 0: the last frame is the max
+    top = np.stack([last, (h - 1).astype(np.float64), (w - 1).astype(np.float64)], axis=1)
+    return torch.from_numpy(offsets).T, torch.from_numpy(top)
 
 
 def mrope_blocks(segments: Sequence[Segment], continuation: str = "max") -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows
+from ._common import frame_rows_np, gather_rows
 from .registry import register, walk
 
 __all__ = ["mrope_interleave", "mrope_interleave_blocks"]
@@ -34,15 +35,15 @@ def interleave_blocks(segments: Sequence[Segment], spatial_reset: bool, design: 
     """Block rule shared by MRoPE-I, MHRoPE, IL-RoPE and Omni-RoPE: frame f of a block starts ``f·max(h, w)``
     after it; token (r, c) at ``(0, r, c)`` from the frame start, h and w absolute under the reset."""
     reset = _check_reset(spatial_reset, design)
-    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, design)
-    side = torch.maximum(h, w)
-    start = frame * side.to(torch.float64).index_select(0, seg)
+    seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, design)
+    side = np.maximum(h, w)
+    start = frame * side.astype(np.float64)[seg]
     spatial = row if reset else start + row
-    across = torch.zeros_like(start) if reset else start  # where columns count from
-    offsets = torch.stack([start, spatial, across], dim=1).index_select(0, token_row)
-    offsets[:, 2] += col
-    advance = (t * side).to(torch.float64)[:, None].expand(-1, 3).contiguous()
-    return offsets, advance, torch.tensor([False, reset, reset])
+    across = np.zeros_like(start) if reset else start  # where columns count from
+    offsets = gather_rows([start, spatial, across], token_row)
+    offsets[2] += col
+    advance = torch.from_numpy((t * side).astype(np.float64))[:, None].expand(-1, 3).contiguous()
+    return torch.from_numpy(offsets).T, advance, torch.tensor([False, reset, reset])
 
 
 def mrope_interleave_blocks(segments: Sequence[Segment], spatial_reset: bool = False):

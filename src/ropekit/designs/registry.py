@@ -9,10 +9,13 @@ segments at once; :func:`walk` turns a rule into the design's positions and
 """
 from __future__ import annotations
 
+import functools
 import inspect
+from collections import abc
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .. import layout as _layout
@@ -20,7 +23,7 @@ from ..layout import Image, Layout, Segment, Text, Video
 from ._common import as_video
 
 __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
-           "block_rows", "unpack_placed", "MAX_WORK"]
+           "block_rows", "unpack_placed", "segment_tokens", "BlockTable", "MAX_WORK"]
 
 #: Most coordinates (tokens × axes) one :func:`positions` call may build; checked, with the token count
 #: (:data:`ropekit.layout.MAX_TOKENS`), before the design runs. 2**26 coordinates are 256 MiB as float32;
@@ -59,8 +62,13 @@ class Design:
     @property
     def options(self) -> tuple:
         """Keyword options the design accepts."""
-        sig = inspect.signature(self.fn)
-        return tuple(p.name for p in list(sig.parameters.values())[1:])
+        return _options_of(self.fn)
+
+
+@functools.lru_cache(maxsize=None)
+def _options_of(fn: Callable) -> tuple:
+    """Keyword options of a design function (its parameters after the layout); read once per function."""
+    return tuple(p.name for p in list(inspect.signature(fn).parameters.values())[1:])
 
 
 _REGISTRY: dict[str, Design] = {}
@@ -194,26 +202,73 @@ def ragged_arange(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For consecutive blocks of ``counts[k]`` items: each item's block ``k`` and its index inside the block.
 
     The vectorised form of ``for k, n in enumerate(counts): for i in range(n): yield k, i``; int64.
-    Both come from one cumulative sum each (a jump at every block start), with no other item-sized
-    temporaries.
     """
-    counts = counts.to(torch.int64)
+    owner, local = _ragged(counts.detach().to("cpu", torch.int64).numpy())
+    return torch.from_numpy(owner), torch.from_numpy(local)
+
+
+def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ragged_arange` on an int64 numpy array; numpy's ``repeat`` costs a fraction of the torch
+    equivalents at these sizes (tens of thousands of items)."""
     total = int(counts.sum())
-    if total == 0:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    blocks = counts.nonzero().squeeze(1)  # empty blocks hold no items
-    sizes = counts[blocks]
-    first = sizes.cumsum(0) - sizes
-    owner = torch.zeros(total, dtype=torch.int64)
-    owner[first] = torch.diff(blocks, prepend=blocks.new_zeros(1))
-    local = torch.ones(total, dtype=torch.int64)
-    local[first] = torch.cat([sizes.new_zeros(1), 1 - sizes[:-1]])
-    return owner.cumsum_(0), local.cumsum_(0)
+    owner = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    local = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, local
+
+
+class BlockTable(abc.Sequence):
+    """Images and videos given as columns, a sequence of :class:`~ropekit.Image`/:class:`~ropekit.Video`
+    to a block rule.
+
+    :func:`ropekit.rope_index` hands a rule the distinct blocks of a batch this way, so that no segment
+    object is built per block: :func:`video_blocks` and :func:`segment_tokens` read the columns directly.
+    A rule that iterates or indexes the table gets the segments themselves (built on access), so every
+    rule written against ``Sequence[Segment]`` works unchanged. Columns: ``t``, ``h``, ``w`` (int64, all
+    >= 1), ``interval`` (float64, finite, >= 0; 0 for images) and ``is_image`` (bool; an image has t = 1).
+    The caller guarantees what the segment constructors would check.
+    """
+
+    __slots__ = ("t", "h", "w", "interval", "is_image")
+
+    def __init__(self, t: torch.Tensor, h: torch.Tensor, w: torch.Tensor, interval: torch.Tensor,
+                 is_image: torch.Tensor) -> None:
+        self.t, self.h, self.w, self.interval, self.is_image = t, h, w, interval, is_image
+
+    def __len__(self) -> int:
+        return self.t.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("BlockTable index out of range")
+        if bool(self.is_image[i]):
+            return Image(int(self.h[i]), int(self.w[i]))
+        return Video(int(self.t[i]), int(self.h[i]), int(self.w[i]), float(self.interval[i]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def num_tokens(self) -> torch.Tensor:
+        """Tokens of each block, ``t·h·w`` (int64, ``(S,)``)."""
+        return self.t * self.h * self.w
+
+
+def segment_tokens(segments: Sequence[Segment]) -> torch.Tensor:
+    """Number of tokens of each segment, int64 ``(S,)``."""
+    if isinstance(segments, BlockTable):
+        return segments.num_tokens
+    return torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
 
 
 def video_blocks(segments: Sequence[Segment], design: str) -> tuple[torch.Tensor, ...]:
     """Frames ``t``, height ``h``, width ``w`` (int64) and interval ``Δt`` (float64) of each segment viewed as
     a video (images are one frame with Δt = 0, 2-/3-D grids an image/video), shape ``(S,)`` each."""
+    if isinstance(segments, BlockTable):
+        return segments.t, segments.h, segments.w, segments.interval
     rows = []
     for s in segments:
         if isinstance(s, Video):
@@ -237,10 +292,16 @@ def block_rows(
     every token the row it lies on and its column (``(Σ t·h·w,)`` each), all int64. Working per row
     keeps the divisions off the (``w`` times longer) token axis.
     """
-    row_block, r = ragged_arange(t * h)
+    as_np = lambda x: x.detach().to("cpu", torch.int64).numpy()  # noqa: E731
+    return tuple(torch.from_numpy(x) for x in block_rows_np(as_np(t), as_np(h), as_np(w)))
+
+
+def block_rows_np(t: np.ndarray, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`block_rows` on int64 numpy arrays, returning numpy arrays (for rules written in numpy)."""
+    row_block, r = _ragged(t * h)
     rows_per_frame = h[row_block]
     row_frame = r // rows_per_frame
-    token_row, token_col = ragged_arange(w[row_block])
+    token_row, token_col = _ragged(w[row_block])
     return row_block, row_frame, r - row_frame * rows_per_frame, token_row, token_col
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_grid
-from .registry import block_rows, register, video_blocks, walk
+from ._common import frame_grid, gather_rows
+from .registry import block_rows_np, register, video_blocks, walk
 
 __all__ = ["rope2d", "rope2d_block", "rope2d_blocks", "rope2d_pixtral_permutation"]
 
@@ -53,13 +54,13 @@ def rope2d_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tens
     """RoPE-2D block rule: token (f, i, j) at ``f·max(H, W) + (i, j)``; the start advances by ``T·max(H, W)``
     on both axes — :func:`rope2d_block` for all blocks at once."""
     t, h, w, _ = video_blocks(segments, "rope2d")
-    side = torch.maximum(h, w)
-    row_block, row_frame, row_index, token_row, token_col = block_rows(t, h, w)
+    t, h, w = t.numpy(), h.numpy(), w.numpy()
+    side = np.maximum(h, w)
+    row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
     shift = row_frame * side[row_block]
-    per_row = torch.stack([row_index + shift, shift], dim=1).to(torch.float64)
-    offsets = per_row.index_select(0, token_row)
-    offsets[:, 1] += token_col
-    return offsets, (t * side).to(torch.float64)[:, None].expand(-1, 2).contiguous()
+    offsets = gather_rows([(row_index + shift).astype(np.float64), shift.astype(np.float64)], token_row)
+    offsets[1] += token_col
+    return torch.from_numpy(offsets).T, torch.from_numpy((t * side).astype(np.float64))[:, None].expand(-1, 2).contiguous()
 
 
 @register(

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from .registry import block_rows, register, video_blocks, walk
+from .registry import block_rows_np, register, video_blocks, walk
 
 __all__ = ["shared", "shared_blocks"]
 
@@ -14,8 +15,8 @@ __all__ = ["shared", "shared_blocks"]
 def shared_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared-index block rule: every token of frame f at offset f; the start advances by the frame count."""
     t, h, w, _ = video_blocks(segments, "shared")
-    _, row_frame, _, token_row, _ = block_rows(t, h, w)
-    return row_frame.to(torch.float64).index_select(0, token_row)[:, None], t.to(torch.float64)[:, None]
+    _, row_frame, _, token_row, _ = block_rows_np(t.numpy(), h.numpy(), w.numpy())
+    return torch.from_numpy(row_frame.astype(np.float64)[token_row])[:, None], t.to(torch.float64)[:, None]
 
 
 @register(

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows, positive_number
-from .registry import ragged_arange, register, walk
+from ._common import frame_rows_np, gather_rows, positive_number
+from .registry import ragged_arange, register, segment_tokens, walk
 
 __all__ = ["v2pe", "v2pe_blocks"]
 
@@ -29,16 +30,17 @@ def v2pe_blocks(segments: Sequence[Segment], increment: float = 1 / 16, visual_s
     with ``visual_stride`` S, frame f's token i (1-based) at ``f·⌈S⌉ + i·S/n − 1``, advancing ``T·⌈S⌉``."""
     delta = positive_number(increment, "increment", "v2pe")
     if visual_stride is None:
-        n = torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
+        n = segment_tokens(segments)
         _, k = ragged_arange(n)
-        return ((k + 1).to(torch.float64) * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
+        k = (k.numpy() + 1).astype(np.float64)
+        return torch.from_numpy(k * delta - 1.0)[:, None], (n.to(torch.float64) * delta)[:, None]
     stride = positive_number(visual_stride, "visual_stride", "v2pe")
     span = float(math.ceil(stride))  # a float: the ceiling of a huge stride is an int too big for a tensor
-    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, "v2pe")
-    per_row = torch.stack([frame * span, row * w.to(torch.float64).index_select(0, seg) + 1.0,
-                           stride / (h * w).to(torch.float64).index_select(0, seg)], dim=1).index_select(0, token_row)
-    offsets = per_row[:, 0] + (per_row[:, 1] + col) * per_row[:, 2] - 1.0  # frame start + i·S/n − 1
-    return offsets[:, None], (t.to(torch.float64) * span)[:, None]
+    seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, "v2pe")
+    first, base, step = gather_rows([frame * span, row * w.astype(np.float64)[seg] + 1.0,
+                                     stride / (h * w).astype(np.float64)[seg]], token_row)
+    offsets = first + (base + col) * step - 1.0  # frame start + i·S/n − 1
+    return torch.from_numpy(offsets)[:, None], torch.from_numpy(t.astype(np.float64) * span)[:, None]
 
 
 @register(

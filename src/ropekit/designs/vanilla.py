@@ -6,14 +6,14 @@ from typing import Sequence
 import torch
 
 from ..layout import Layout, Segment
-from .registry import ragged_arange, register, walk
+from .registry import ragged_arange, register, segment_tokens, walk
 
 __all__ = ["vanilla", "vanilla_blocks"]
 
 
 def vanilla_blocks(segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattening block rule: token k of a segment at offset k (raster order), the start advances by its size."""
-    n = torch.tensor([s.num_tokens for s in segments], dtype=torch.int64)
+    n = segment_tokens(segments)
     _, local = ragged_arange(n)
     return local.to(torch.float64)[:, None], n.to(torch.float64)[:, None]
 

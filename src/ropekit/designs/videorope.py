@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows, positive_number
+from ._common import frame_rows_np, gather_rows, positive_number
 from .registry import register, walk
 
 __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
@@ -27,14 +28,14 @@ __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
 def diagonal_blocks(segments: Sequence[Segment], stride: float, design: str):
     """Centred diagonal block rule: frame f at time ``f·stride``, token (i, j) at ``t + i − ⌊(H−1)/2⌋``,
     ``t + j − ⌊(W−1)/2⌋``; the start advances by ``(T−1)·stride + 1``."""
-    seg, frame, row, token_row, col, t, h, w = frame_rows(segments, design)
+    seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, design)
     time = frame * stride
-    row_shift = torch.div(h - 1, 2, rounding_mode="floor").to(torch.float64).index_select(0, seg)
-    col_shift = torch.div(w - 1, 2, rounding_mode="floor").to(torch.float64).index_select(0, seg)
-    offsets = torch.stack([time, time + row - row_shift, time - col_shift], dim=1).index_select(0, token_row)
-    offsets[:, 2] += col
-    advance = ((t - 1).to(torch.float64) * stride + 1.0)[:, None].expand(-1, 3).contiguous()
-    return offsets, advance
+    row_shift = ((h - 1) // 2).astype(np.float64)[seg]
+    col_shift = ((w - 1) // 2).astype(np.float64)[seg]
+    offsets = gather_rows([time, time + row - row_shift, time - col_shift], token_row)
+    offsets[2] += col
+    advance = torch.from_numpy((t - 1).astype(np.float64) * stride + 1.0)[:, None].expand(-1, 3).contiguous()
+    return torch.from_numpy(offsets).T, advance
 
 
 def videorope_blocks(segments: Sequence[Segment], temporal_stride: float = 2.0):

@@ -31,10 +31,11 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..layout import Grid, Image, Layout, Segment, Text, Video, check_token_count
-from .registry import ragged_arange, register, walk
+from .registry import BlockTable, block_rows_np, ragged_arange, register, walk
 
 __all__ = ["vrope", "vrope_blocks", "flip_patterns", "frame_coordinates", "frame_length", "ORDERS",
            "MAX_SPATIAL_DIMS"]
@@ -163,6 +164,8 @@ def vrope_blocks(
     """VRoPE block rule: frame f of a block at ``f·(Σ sizes − N + 1)`` plus :func:`frame_coordinates`; the
     start advances by ``T·(Σ sizes − N + 1)`` on all ``2^N`` axes. All blocks must share the rank N."""
     _check_order(order)
+    if isinstance(segments, BlockTable) and len(segments) and spatial_dims in (None, 2):
+        return _image_blocks(segments.t.numpy(), segments.h.numpy(), segments.w.numpy(), flip_patterns(2, order))
     n = _spatial_rank(segments, spatial_dims)
     frames, sizes = zip(*(_frames(s) for s in segments)) if segments else ((), ())
     t = torch.tensor(frames, dtype=torch.int64)
@@ -181,6 +184,27 @@ def vrope_blocks(
     reflected = tok_size.to(torch.float64) - 1.0 - x
     offsets = _pick(x, reflected, flip_patterns(n, order)) + (frame * step[owner]).to(torch.float64)[:, None]
     return offsets, (t * step).to(torch.float64)[:, None].expand(-1, 2**n).contiguous()
+
+
+def _image_blocks(t: np.ndarray, h: np.ndarray, w: np.ndarray, flips: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`vrope_blocks` for images and videos (2-D frames, the batched index's blocks), row by row.
+
+    Coordinate c of token (f, i, j) is ``f·(h + w − 1) + (h−1−i or i) + (w−1−j or j)``: the frame and row
+    terms are taken once per row, the column term per token. Whole numbers throughout (exact in int64,
+    and in float64 below 2**53), so the values are those of the general path."""
+    row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
+    step = h + w - 1  # frame_length
+    frame_start = row_frame * step[row_block]
+    rows = [(frame_start + row_index).astype(np.float64),  # per row: i, reflected i
+            (frame_start + (h[row_block] - 1 - row_index)).astype(np.float64)]
+    col = token_col.astype(np.float64)
+    cols = (col, (w[row_block] - 1).astype(np.float64)[token_row] - col)  # per token: j, reflected j
+    offsets = np.empty((flips.shape[0], token_row.shape[0]))
+    for c, (flip_i, flip_j) in enumerate(flips.tolist()):
+        np.take(rows[flip_i], token_row, out=offsets[c], mode="clip")
+        offsets[c] += cols[flip_j]
+    advance = torch.from_numpy((t * step).astype(np.float64))[:, None].expand(-1, flips.shape[0]).contiguous()
+    return torch.from_numpy(offsets).T, advance
 
 
 @register(
