@@ -11,7 +11,7 @@ from ropekit.designs.circle import circle_blocks, ring_offsets
 from ropekit.designs.registry import get_design
 
 
-def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.0, 1.0)):
+def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.0, 1.0), dff_rate=0.0):
     """Straight from the rules of docs/conventions.md ("Circle-RoPE") with Python floats, one token at a time; returns [(t, h, w)]."""
     xs = [j for i in range(h) for j in range(w)]
     ys = [i for i in range(h) for j in range(w)]
@@ -38,6 +38,8 @@ def reference_ring(h, w, alpha=0.5, radius=10.0, k=1.0, measure="l2", n=(1.0, 1.
         sa = (ang[idx] - lo) / (hi - lo) * 2 * math.pi if hi - lo > 0 else 0.0
         th = alpha * sa + (1 - alpha) * 2 * math.pi * idx / N
         a, b = R * math.cos(th), R * math.sin(th)
+        # the released code's dff_rate: the ring blended with the centred grid laid in the same plane
+        a, b = (1 - dff_rate) * a + dff_rate * xc[idx], (1 - dff_rate) * b + dff_rate * yc[idx]
         c = [a * u[m] + b * v[m] for m in range(3)]
         out.append((c[2], c[1], c[0]))
     return out
@@ -53,6 +55,27 @@ def test_ring_matches_per_token_reference(seed):
     got = ring_offsets(h, w, text_vector=n, **opts)
     ref = torch.tensor(reference_ring(h, w, n=n, **opts), dtype=torch.float64)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.5, 1.0, True])
+def test_dff_rate_blends_the_ring_with_the_centred_grid_in_its_plane(rate):
+    """Circle-RoPE's released ``dff_rate``: ``(1 − r)·ring + r·grid`` in the plane orthogonal to the text
+    vector (True is 1). The points stay in that plane; off the ring, PTD is no longer 0."""
+    for h, w, n in [(3, 4, (1.0, 1.0, 1.0)), (2, 5, (0.2, -1.0, 0.7)), (4, 4, (0.0, 0.0, 2.0))]:
+        got = ring_offsets(h, w, text_vector=n, dff_rate=rate)
+        ref = torch.tensor(reference_ring(h, w, n=n, dff_rate=float(rate)), dtype=torch.float64)
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+        normal = torch.tensor(n[::-1], dtype=torch.float64)  # offsets are (t, h, w); the vector is (w, h, t)
+        assert float((got @ normal).abs().max()) < 1e-12
+    lay = ropekit.Layout.parse("T2 I3x3 T3 V2x2x3@1.5 T1")
+    pos = ropekit.positions(lay, "circle", dff_rate=rate)
+    assert torch.equal(pos, ropekit.positions(lay, "circle", dff_rate=float(rate)))
+    one = ropekit.Layout.parse("I3x3 T5")  # one image: PTD 0 on the ring, not off it
+    text = one.token_types() == 0
+    blended = ropekit.positions(one, "circle", dff_rate=rate)
+    assert ptd(blended[text], blended[~text]) > 0.01
+    plain = ropekit.positions(one, "circle", dff_rate=False)
+    assert torch.equal(plain, ropekit.positions(one, "circle")) and ptd(plain[text], plain[~text]) < 1e-5
 
 
 def test_spec_closed_form_axis_order():
@@ -140,7 +163,8 @@ def test_degenerate_cases_and_text_only():
 @pytest.mark.parametrize("opts,match", [
     ({"alpha": 1.5}, "alpha"), ({"radius": -1.0}, "radius"), ({"radius": "big"}, "radius"),
     ({"k": 0}, "k"), ({"measure": "l1"}, "measure"), ({"text_vector": (0, 0, 0)}, "text_vector"),
-    ({"text_vector": (1, 2)}, "text_vector"), ({"delta": -1}, "delta"),
+    ({"text_vector": (1, 2)}, "text_vector"), ({"delta": -1}, "delta"), ({"dff_rate": 1.5}, "dff_rate"),
+    ({"dff_rate": -0.1}, "dff_rate"), ({"dff_rate": "half"}, "dff_rate"),
 ])
 def test_bad_options(opts, match):
     with pytest.raises(ValueError, match=match):

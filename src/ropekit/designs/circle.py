@@ -35,6 +35,16 @@ def _real(value: object) -> float:
         return math.inf if value > 0 else -math.inf
 
 
+def _dff(dff_rate: Union[float, bool]) -> float:
+    """``dff_rate`` as a weight in [0, 1] (``True`` is 1, ``False`` 0, as the released code reads it)."""
+    if isinstance(dff_rate, bool):
+        return float(dff_rate)
+    rate = _real(dff_rate)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"circle: `dff_rate` must be a number in [0, 1] or a bool (True = 1), got {_show(dff_rate)}")
+    return rate
+
+
 def _check(alpha: float, radius: Union[float, str], k: float, measure: str, text_vector: Sequence[float],
            delta: float) -> torch.Tensor:
     if not 0.0 <= _real(alpha) <= 1.0:
@@ -85,7 +95,7 @@ def _basis_of(text_vector: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     return u, torch.linalg.cross(n, u)
 
 
-def _rings(h, w, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torch.Tensor]:
+def _rings(h, w, *, alpha, radius, k, measure, u, v, dff_rate=0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring coordinates of many ``h × w`` grids, concatenated ``(Σ h·w, 3)`` float64 on axes (t, h, w), and
     each grid's largest coordinate ``(G,)``.
 
@@ -138,6 +148,8 @@ def _rings(h, w, *, alpha, radius, k, measure, u, v) -> tuple[torch.Tensor, torc
     # (3, Σ h·w), so that every operation runs on contiguous vectors
     mixed = torch.from_numpy(mixed)
     a, b = R * torch.cos(mixed).numpy(), R * torch.sin(mixed).numpy()
+    if dff_rate:  # blend the ring with the centred grid itself laid in the same plane (the released code's dff_rate)
+        a, b = (1 - dff_rate) * a + dff_rate * x, (1 - dff_rate) * b + dff_rate * y
     (u0, u1, u2), (v0, v1, v2) = u.tolist(), v.tolist()
     ring = np.empty((3, a.shape[0]))
     for i, (ui, vi) in enumerate(((u2, v2), (u1, v1), (u0, v0))):
@@ -155,13 +167,16 @@ def ring_offsets(
     k: float = 1.0,
     measure: str = "l2",
     text_vector: Sequence[float] = (1.0, 1.0, 1.0),
+    dff_rate: Union[float, bool] = 0.0,
 ) -> torch.Tensor:
     """Ring coordinates of an ``h × w`` grid relative to the ring centre: ``(h·w, 3)`` float64, axes (t, h, w)."""
     n = _check(alpha, radius, k, measure, text_vector, 0.0)
+    rate = _dff(dff_rate)
     grid = Image(h, w)  # checks h and w
     check_token_count(grid.num_tokens, "ring_offsets")
     u, v = _basis(n)
-    return _rings(torch.tensor([h]), torch.tensor([w]), alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)[0]
+    return _rings(torch.tensor([h]), torch.tensor([w]), alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v,
+                  dff_rate=rate)[0]
 
 
 def circle_blocks(
@@ -172,6 +187,7 @@ def circle_blocks(
     measure: str = "l2",
     text_vector: Sequence[float] = (1.0, 1.0, 1.0),
     delta: float = 0.0,
+    dff_rate: Union[float, bool] = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, None, torch.Tensor]:
     """Circle-RoPE block rule: frame f of a block holds the ring of its ``h × w`` grid moved by ``f·Δt`` on
     every axis; the start advances on every axis by the block's largest coordinate + 1; every block after
@@ -180,6 +196,7 @@ def circle_blocks(
     Each distinct ``(h, w)`` ring is computed once per call and gathered for every block and frame.
     """
     n = _check(alpha, radius, k, measure, text_vector, delta)
+    rate = _dff(dff_rate)
     t, h, w, interval = video_blocks(segments, "circle")
     gap = torch.full((3,), float(delta), dtype=torch.float64)
     if not len(segments):
@@ -192,7 +209,8 @@ def circle_blocks(
         grids, grid_of_block = np.unique(np.stack([h, w], 1), axis=0, return_inverse=True)
     grid_of_block = grid_of_block.reshape(-1)
     u, v = _basis(n)
-    rings, ring_top = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v)
+    rings, ring_top = _rings(grids[:, 0], grids[:, 1], alpha=alpha, radius=radius, k=k, measure=measure, u=u, v=v,
+                             dff_rate=rate)
     rings, ring_top = rings.numpy().T, ring_top.numpy()
     sizes = grids[:, 0] * grids[:, 1]
     ring_start = np.cumsum(sizes) - sizes
@@ -221,6 +239,7 @@ def circle(
     measure: str = "l2",
     text_vector: Sequence[float] = (1.0, 1.0, 1.0),
     delta: float = 0.0,
+    dff_rate: Union[float, bool] = 0.0,
 ) -> torch.Tensor:
     """Circle-RoPE positions ``(L, 3)`` on axes (t, h, w) (axis conventions: docs/conventions.md).
 
@@ -232,6 +251,12 @@ def circle(
     is moved by ``(i−1)·delta·(1,1,1)`` from where it sits with ``delta=0``. The text after a block
     follows the moved block, so it already carries that block's shift; the next block therefore adds
     only one more ``delta`` to the running index, and shifts never compound.
+
+    ``dff_rate`` (the released Circle-RoPE code's option; 0 by default, ``True`` = 1) blends each ring with
+    the centred grid laid flat in the same plane: ``(1 − r)·ring + r·grid``, where the grid's column and row
+    offsets take the places of the ring's ``R·cos`` and ``R·sin``. Every point stays in the plane
+    orthogonal to the text vector but leaves the ring, so PTD is 0 only at ``r = 0``; ``r = 1`` keeps the
+    grid's own geometry in that plane.
     """
     return walk(layout, circle_blocks, alpha=alpha, radius=radius, k=k, measure=measure,
-                text_vector=text_vector, delta=delta)
+                text_vector=text_vector, delta=delta, dff_rate=dff_rate)
