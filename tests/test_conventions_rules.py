@@ -116,6 +116,8 @@ RULES = {
     ("rope2d", ()): ("`(s_f + i, s_f + j)`, `s_f = s + f·max(H, W)`", _rope2d, 2),
     ("mrope-i", ()): ("`(s, s + i, s + j)`", _offset, 3),
     ("mrope-i", (("spatial_reset", True),)): ("with `spatial_reset=True`: `(s, i, j)`", _local, 3),
+    ("grape", ()): ("as `mrope-i`: each frame its own block, `(s, s + i, s + j)`", _offset, 3),
+    ("grape", (("frequency_allocation", "interleaved"),)): ("`frequency_allocation` picks the pairs", _offset, 3),
     ("mhrope", ()): ("spatial reset on by default", _local, 3),
     ("ilrope", ()): ("`(s, i, j)`", _local, 3),
     ("omnirope", ()): ("as `ilrope`", _local, 3),

@@ -20,7 +20,7 @@ import ropekit
 from ropekit import Image, Layout, RoPE, Text, Video, positions, rope_index
 from ropekit.designs import registry
 
-NEW = ["mrope-i", "mhrope", "ilrope", "omnirope", "videorope", "hope", "v2pe", "mmrope"]
+NEW = ["mrope-i", "mhrope", "ilrope", "omnirope", "videorope", "hope", "v2pe", "mmrope", "grape"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -591,6 +591,28 @@ def test_docs_table_ptd_and_shift_invariance_are_true():
         assert _shift_invariant(name) == claim.startswith("yes"), name
     assert not _shift_invariant("mrope-i", spatial_reset=True)  # "no with spatial_reset=True"
     assert _shift_invariant("mhrope", spatial_reset=False)  # "yes without"
+
+
+@pytest.mark.parametrize("mode", ["chunked", "interleaved"])
+def test_grape_canonical_is_three_commuting_axis_rotations(mode):
+    """GRAPE's canonical multimodal form: each frequency pair turns with one axis, the pair → axis map being
+    M-RoPE's chunks (16/24/24 of 64, scaled) or ``j mod 3``; positions are M-RoPE's per video frame. Reference:
+    float64 angles pair by pair from that description, and the ``mrope-i`` coordinates."""
+    lay = "T2 I3x4 T3 V2x2x2 T2"
+    opts = {} if mode == "chunked" else {"frequency_allocation": mode}
+    assert torch.equal(positions(lay, "grape", **opts), positions(lay, "mrope-i"))
+    rope = ropekit.RoPE("grape", head_dim=32, design_options=opts)
+    cos, sin = rope.cos_sin(positions(lay, "grape", **opts))
+    half = 16
+    owner = [0] * 2 + [1] * 3 + [2] * 3 if mode == "chunked" else [j % 3 for j in range(8)]
+    owner = [owner[j * 8 // half] if mode == "chunked" else j % 3 for j in range(half)]
+    coords = positions(lay, "grape", **opts).double()
+    inv = [10000.0 ** (-2 * j / 32) for j in range(half)]
+    angle = torch.stack([coords[:, owner[j]] * inv[j] for j in range(half)], dim=1)
+    torch.testing.assert_close(cos.double(), angle.cos(), rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin.double(), angle.sin(), rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="frequency_allocation"):
+        positions(lay, "grape", frequency_allocation="axis")
 
 
 def test_mhrope_kernel_is_the_mean_of_its_heads():

@@ -77,7 +77,7 @@ def design_frequencies(
     """
     check_count(num_axes, "num_axes", MAX_AXES)
     own = allocation is None
-    alloc = get_design(design).allocation if own else allocation
+    alloc = get_design(design).allocation_for(design_options) if own else allocation
     if sections is not None:
         sections = check_sections(sections)
     needed = _allocation_axes(alloc, sections)
@@ -204,7 +204,7 @@ class RoPE(_PlanarRotary):
     @property
     def resolved_allocation(self) -> str:
         """The allocation in use: the one given, or the design's own."""
-        return self.allocation or get_design(self.design).allocation
+        return self.allocation or get_design(self.design).allocation_for(self.design_options)
 
     def __repr__(self) -> str:
         parts = [f"design={get_design(self.design).name!r}", f"head_dim={self.head_dim}",

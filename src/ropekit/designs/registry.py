@@ -58,11 +58,24 @@ class Design:
     delta_axes: Optional[tuple] = None
     #: number of axes: an int, or ``axes(layout, **options) -> int`` when it depends on them; None: unknown
     axes: "int | Callable[..., int] | None" = None
+    #: ``(option, {value: allocation})`` when one of the design's options picks its allocation (GRAPE's
+    #: ``frequency_allocation``); ``allocation`` is then the one the option's default picks
+    allocation_option: Optional[tuple] = None
 
     @property
     def options(self) -> tuple:
         """Keyword options the design accepts."""
         return _options_of(self.fn)
+
+    def allocation_for(self, options: "dict | None" = None) -> str:
+        """The allocation this design pairs with under ``options`` (:attr:`allocation` unless an option picks it)."""
+        if self.allocation_option is None or not options or self.allocation_option[0] not in options:
+            return self.allocation
+        option, choices = self.allocation_option
+        value = options[option]
+        if value not in choices:
+            raise ValueError(f"{self.name}: `{option}` must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return choices[value]
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,6 +92,7 @@ def register(
     name: str, *, summary: str, allocation: str, aliases: tuple = (), block_rule: Optional[BlockRule] = None,
     delta_axes: Optional[tuple] = None,
     axes: "int | Callable[..., int] | None" = None,
+    allocation_option: Optional[tuple] = None,
 ) -> Callable:
     """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
 
@@ -87,7 +101,8 @@ def register(
     axes whose largest coordinate + 1 is where text continues, for designs where another axis may
     reach further (VideoRoPE's centred rows): :func:`ropekit.rope_index` takes its deltas from them. ``axes``
     (optional) gives ``A``, as an int or as ``axes(layout, **options)``, so that :func:`positions` can
-    refuse oversized work before the design allocates anything.
+    refuse oversized work before the design allocates anything. ``allocation_option`` (optional)
+    ``(option, {value: allocation})`` lets one of the design's options choose its allocation.
     """
     if block_rule is not None and not callable(block_rule):
         raise TypeError(f"register: `block_rule` must be a function (segments, **options) -> (offsets, advance), "
@@ -96,7 +111,8 @@ def register(
     def deco(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
-        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes, axes)
+        _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes, axes,
+                                 allocation_option)
         for a in aliases:
             _ALIASES[a] = name
         return fn

@@ -164,7 +164,8 @@ def _geometry(
     d = get_design(name)
     check_options(d, options)
     num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
-    alloc = allocation or (native if d.allocation == "mrope" else d.allocation)
+    own = d.allocation_for(options)
+    alloc = allocation or (native if own == "mrope" else own)
     secs = list(sections) if _uses_sections(alloc, num_axes, sections, native) else None
     try:
         W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
