@@ -2,6 +2,7 @@
 from .base import Adapter
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
+from .internvl import InternVL
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
@@ -15,6 +16,6 @@ from .qwen3_5_moe import Qwen3_5Moe
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision())}
+    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL())}
 
 __all__ = ["Adapter", "ADAPTERS"]
