@@ -1,6 +1,7 @@
 """Model-family adapters, by transformers ``model_type``."""
 from .base import Adapter
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
+from .gemma3 import Gemma3
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .internvl import InternVL
 from .llava import Llava
@@ -16,6 +17,6 @@ from .qwen3_5_moe import Qwen3_5Moe
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL())}
+    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3())}
 
 __all__ = ["Adapter", "ADAPTERS"]
