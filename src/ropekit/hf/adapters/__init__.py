@@ -10,6 +10,7 @@ from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
 from .mistral3 import Mistral3
 from .paddleocr_vl import PaddleOCRVL
+from .paligemma import PaliGemma
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
 from .qwen3_vl import Qwen3VL
@@ -21,6 +22,6 @@ from .smolvlm import SmolVLM
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
-    Idefics3(), SmolVLM(), Mistral3())}
+    Idefics3(), SmolVLM(), Mistral3(), PaliGemma())}
 
 __all__ = ["Adapter", "ADAPTERS"]
