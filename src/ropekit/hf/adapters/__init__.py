@@ -1,4 +1,5 @@
 """Model-family adapters, by transformers ``model_type``."""
+from .aya_vision import AyaVision
 from .base import Adapter
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .gemma3 import Gemma3
@@ -22,6 +23,6 @@ from .smolvlm import SmolVLM
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
-    Idefics3(), SmolVLM(), Mistral3(), PaliGemma())}
+    Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
 
 __all__ = ["Adapter", "ADAPTERS"]
