@@ -22,6 +22,7 @@ from ropekit.hf.boundary import CACHE_NAMES, TESTED_TRANSFORMERS, UnsupportedTra
 from ropekit.hf.hooks import Hook
 
 from test_hf_conformance import BUILDERS as QWEN_BUILDERS
+from test_hf_families_1d import BUILDERS as FAMILY_1D_BUILDERS
 from test_hf_families_3axis import BUILDERS as FAMILY_BUILDERS
 from test_hf_llava import _build as _build_llava, _config as _llava_config
 from test_hf_vision import ENCODERS
@@ -50,6 +51,7 @@ BUILDERS = {
     "qwen3_5": _qwen3_5,
     "llava": lambda: _build_llava(_llava_config()),
     **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, ernie4_5_vl_moe, paddleocr_vl
+    **FAMILY_1D_BUILDERS,  # internvl, gemma3, idefics3, smolvlm, mistral3, paligemma, aya_vision
 }
 
 
@@ -223,3 +225,31 @@ def test_a_parameter_one_family_adds_is_refused_on_the_others(models, monkeypatc
             with pytest.raises(UnsupportedTransformersError, match=rf"{cls.__name__}\.{name}.*`{param}`"):
                 patch_model(model, "circle")
         assert not is_patched(model)
+
+
+def test_a_parameter_a_1d_family_adds_is_refused_on_the_others(models, monkeypatch):
+    """Gemma 3's and PaliGemma's forwards take ``token_type_ids``, Idefics3's and SmolVLM's
+    ``pixel_attention_mask``, and Gemma 3's rotary ``layer_type`` (it picks one of two tables); LLaVA's contracts
+    know none of them."""
+    model = models("llava")
+    text = model.model.language_model
+    for cls, name, param in [(type(model), "forward", "token_type_ids"),
+                             (type(model.model), "forward", "pixel_attention_mask"),
+                             (type(text.rotary_emb), "forward", "layer_type")]:
+        with monkeypatch.context() as mp:
+            new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
+            _with_signature(mp, cls, name, lambda ps: _add(ps, new))
+            with pytest.raises(UnsupportedTransformersError, match=rf"{cls.__name__}\.{name}.*`{param}`"):
+                patch_model(model, "circle")
+        assert not is_patched(model)
+
+
+def test_gemma3s_rotary_without_its_layer_type_is_refused(models, monkeypatch):
+    """The rotary hook reads ``layer_type`` to pick the table: a release that dropped it is refused by name."""
+    model = models("gemma3")
+    cls = type(model.model.language_model.rotary_emb)
+    _with_signature(monkeypatch, cls, "forward", lambda ps: [p for p in ps if p.name != "layer_type"])
+    with pytest.raises(UnsupportedTransformersError,
+                       match=r"Gemma3RotaryEmbedding\.forward.*has no parameter `layer_type`"):
+        patch_model(model, "circle")
+    assert not is_patched(model)

@@ -224,7 +224,8 @@ def _prefill_with_candidates(hook: Hook, input_ids, mm_token_type_ids, grids, ma
 
 
 def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
-    """1-D families (LLaVA): place the tokens from the forward's own arguments, then run the stock forward.
+    """1-D families (LLaVA, InternVL, Gemma 3, …): place the tokens from the forward's own arguments, then run the
+    stock forward.
 
     The family's adapter reads the image tokens' grids off its vision config; explicit ``position_ids``
     are honoured as given (no placement this forward), except plain text positions with images under a
@@ -255,10 +256,10 @@ def _lm_vision_inputs(hook: Hook, given: dict) -> tuple:
 
 
 def _refuse_text_positions(hook: Hook, given: dict) -> None:
-    """Refuse plain text ``position_ids`` (each token's count of unmasked tokens before it) on an uncached
-    forward with images under a design other than ``vanilla``: honouring them would silently give the stock
-    model. They are what the unpatched ``generate`` of a ``...ForConditionalGeneration`` hands its bare
-    model when only ``model.model`` was patched; other explicit positions are still honoured."""
+    """Refuse plain text ``position_ids`` (each token's count of unmasked tokens before it, from the family's first
+    position) on an uncached forward with images under a design other than ``vanilla``: honouring them would
+    silently give the stock model. They are what the unpatched ``generate`` of a ``...ForConditionalGeneration``
+    hands its bare model when only ``model.model`` was patched; other explicit positions are still honoured."""
     state = hook.state
     if all(geo.design == "vanilla" for geo in state.geometries.values()):
         return
@@ -279,6 +280,7 @@ def _refuse_text_positions(hook: Hook, given: dict) -> None:
     else:
         keep = torch.ones(batch, length, dtype=torch.bool, device=pos.device)
         text = torch.arange(length, device=pos.device).expand(batch, length)
+    text = text + state.origin  # PaliGemma's stock positions count from 1
     if bool((pos.expand(batch, length) == text.to(pos.device))[keep.to(pos.device)].all()):
         raise ValueError(
             f"patched model: {type(hook.owner).__name__} got plain text position_ids together with images, which "
@@ -407,38 +409,65 @@ def _fallback_positions(state: st._State, position_ids: torch.Tensor, batch: int
     return out
 
 
-def _tables(state: st._State, name: str, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos/sin ``(B, L, D)`` of geometry ``name`` at positions ``pos (A, B, L)``, rotate-half layout."""
+def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optional[str] = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin ``(B, L, D)`` of geometry ``name`` at positions ``pos (A, B, L)`` with the frequencies of
+    rotary table ``key`` (None: the model's one table), in the model's layout."""
     pos = pos.to(device, torch.float32)
-    W = st.frequencies(state, name, pos)
+    W = st.frequencies(state, name, pos, key)
+    factor = st.rotary(state, key)[1]
     c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(device)))
-    if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL)
-        return c.repeat_interleave(2, dim=-1) * state.scaling, s.repeat_interleave(2, dim=-1) * state.scaling
+    if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL, Cohere)
+        return c.repeat_interleave(2, dim=-1) * factor, s.repeat_interleave(2, dim=-1) * factor
     # rotate-half tables: pair j on channels j and j + R/2, so each half repeats the pair's value
-    return torch.cat([c, c], dim=-1) * state.scaling, torch.cat([s, s], dim=-1) * state.scaling
+    return torch.cat([c, c], dim=-1) * factor, torch.cat([s, s], dim=-1) * factor
 
 
-def _prompt_tables(state: st._State, name: str, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _prompt_tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optional[str] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_tables` of a prompt's positions ``pos``, evaluated together with its continuation table's,
-    which are kept for the decoding steps that follow (one evaluation per geometry per forward)."""
+    which are kept for the decoding steps that follow (one evaluation per geometry and rotary table per forward)."""
     table = state.prompt.table[name]
-    cos, sin = _tables(state, name, torch.cat([pos, table.to(pos.device)], dim=2), device)
+    cos, sin = _tables(state, name, torch.cat([pos, table.to(pos.device)], dim=2), device, key)
     n = pos.shape[2]
-    state.prompt.cos_sin[name] = (table, cos[:, n:], sin[:, n:])
+    state.prompt.cos_sin[(name, key)] = (table, cos[:, n:], sin[:, n:])
     return cos[:, :n].contiguous(), sin[:, :n].contiguous()  # as stock's tables are (a copy only when B > 1)
 
 
-def _continuation_tables(state: st._State, name: str, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of the whole continuation table of geometry ``name``, built once per table and device.
+def _continuation_tables(state: st._State, name: str, device, key: Optional[str] = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the whole continuation table of geometry ``name``, built once per table, rotary table and device.
 
     Every entry is computed elementwise from its own position, so columns of these tables equal the tables
     of those columns' positions bit for bit; a decoding step then slices them instead of evaluating cos/sin.
     """
     table = state.prompt.table[name]
-    cached = state.prompt.cos_sin.get(name)
+    cached = state.prompt.cos_sin.get((name, key))
     if cached is None or cached[0] is not table or cached[1].device != device:
-        cached = state.prompt.cos_sin[name] = (table, *_tables(state, name, table, device))
+        cached = state.prompt.cos_sin[(name, key)] = (table, *_tables(state, name, table, device, key))
     return cached[1], cached[2]
+
+
+def _this_forward(state: st._State, key: Optional[str]) -> tuple[Optional[dict], Optional[tuple]]:
+    """(positions, run) placed for this forward, or (None, None) when the model was given ``position_ids``.
+
+    A placement is taken by the first rotary call after it. A text model with several rotary tables calls its
+    rotary once per table in the same forward (Gemma 3: once per layer type), so a call for a table not yet
+    served in this forward gets the same placement again; a second call for the same table is a new forward.
+    """
+    pending, state.pending = state.pending, None
+    run, state.run = state.run, None
+    if not state.variants:  # one table: one rotary call per forward
+        return pending, run
+    if pending is not None:
+        state.current = (pending, run, {key})
+        return pending, run
+    current = state.current
+    if current is not None and key not in current[2]:
+        current[2].add(key)
+        return current[0], current[1]
+    state.current = None
+    return None, None
 
 
 def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
@@ -451,9 +480,9 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
     given = hook.bind(args, kwargs)
     x, position_ids = given["x"], given.get("position_ids")
     state = hook.state
+    key = _rotary_key(state, given)
     batch, length = x.shape[0], x.shape[1]
-    pending, state.pending = state.pending, None
-    run, state.run = state.run, None
+    pending, run = _this_forward(state, key)
     if run is None or run[0] is not pending:
         run = None
     if pending is None:  # the model was given position_ids: no placement this forward
@@ -466,20 +495,27 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
         )
     geoms = {}
     with torch.no_grad():
-        for name, geo in state.geometries.items():
+        for name, geo in st.rotary(state, key)[0].items():
             fixed = run is not None and geo.scaling is None
             if fixed and run[1] is None:
-                cos, sin = _prompt_tables(state, name, pending[name], x.device)
+                cos, sin = _prompt_tables(state, name, pending[name], x.device, key)
             elif fixed:
-                cos, sin = _continuation_tables(state, name, x.device)
+                cos, sin = _continuation_tables(state, name, x.device, key)
                 cos, sin = (t[:, run[1]:run[1] + run[2]].contiguous() for t in (cos, sin))
             else:
-                cos, sin = _tables(state, name, pending[name], x.device)
+                cos, sin = _tables(state, name, pending[name], x.device, key)
             geoms[name] = (cos, sin) if state.float32_tables else (cos.to(x.dtype), sin.to(x.dtype))
     first = geoms[state.layer_geometry[0]]
     out = _Embeddings(first)
     out.geoms, out.positions = geoms, pending
     return out
+
+
+def _rotary_key(state: st._State, given: dict) -> Optional[str]:
+    """Which of the model's rotary tables this rotary call asks for (Gemma 3: its ``layer_type``); None for a model
+    with one table."""
+    keys = [given.get(p) for p in sorted(state.adapter.rotary_params)]
+    return keys[0] if len(keys) == 1 else (tuple(keys) if keys else None)
 
 
 def layer_forward(hook: Hook, *args: Any, **kwargs: Any):

@@ -1,5 +1,6 @@
 """ropekit position designs, allocations and AGE schedules inside Hugging Face multimodal models (Qwen-VL, GLM-4V,
-ERNIE-4.5-VL, PaddleOCR-VL, LLaVA).
+ERNIE-4.5-VL, PaddleOCR-VL, and 1-D ones: LLaVA, InternVL, Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma, Aya
+Vision).
 
 :func:`patch_model` rewires one model *instance* (never the transformers classes) so that
 
@@ -81,10 +82,11 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     know (:mod:`ropekit.hf.boundary`): the methods the patch replaces, and the forwards whose arguments
     ``generate`` hands on as model kwargs."""
     boundary.check_version("patch_model")
-    checks = [(type(text.rotary_emb), "forward", hooks.CONTRACTS[hooks.rotary_forward])]
+    checks = [(type(text.rotary_emb), "forward", _rotary_contract(adapter))]
     checks += [(t, "forward", _layer_contract(adapter)) for t in dict.fromkeys(map(type, text.layers))]
     if adapter.one_d:
-        checks += [(type(inner), "forward", hooks.LM_FORWARD), (type(top) if top else None, "forward", hooks.LM_FORWARD)]
+        forward = _lm_contract(adapter)
+        checks += [(type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
         prepare = hooks.no_generation_position_ids
     else:
         forward = hooks.MULTIMODAL_FORWARD.widened(adapter.forward_params)
@@ -101,6 +103,21 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
 def _layer_contract(adapter: Adapter) -> boundary.Contract:
     """The decoder-layer hook's contract, with the parameters the family's layers add (handed on unread)."""
     return hooks.CONTRACTS[hooks.layer_forward].widened(adapter.layer_params)
+
+
+def _lm_contract(adapter: Adapter) -> boundary.Contract:
+    """A 1-D family's forward hook contract, with the parameters the family's forwards add (handed on unread)."""
+    return hooks.LM_FORWARD.widened(adapter.forward_params)
+
+
+def _rotary_contract(adapter: Adapter) -> boundary.Contract:
+    """The rotary hook's contract, with the parameters by which the family's rotary picks one of its tables
+    (read: they select the table's frequencies) required too."""
+    base = hooks.CONTRACTS[hooks.rotary_forward]
+    if not adapter.rotary_params:
+        return base
+    return boundary.Contract(base.known | adapter.rotary_params,
+                             base.required + tuple((p,) for p in sorted(adapter.rotary_params)), base.var_keyword)
 
 
 def _state(model: nn.Module) -> Optional[_State]:
@@ -189,6 +206,27 @@ def _geometry(
                      dim=head_dim, base=base)
 
 
+class _RopeConfig:
+    """One rotary table's rope parameters with the text config's context lengths, as scaling_from_config reads them."""
+
+    def __init__(self, config: Any, rope: dict):
+        self.rope_parameters = rope
+        self.max_position_embeddings = getattr(config, "max_position_embeddings", None)
+        self.original_max_position_embeddings = getattr(config, "original_max_position_embeddings", None)
+
+
+def _rope_tables(adapter: Adapter, text: nn.Module) -> dict[Optional[str], dict]:
+    """The text model's rotary tables: ``{key: rope parameters}``, the first one the table of the first decoder
+    layer; ``{None: rope_parameters}`` when one table serves every layer."""
+    found = adapter.rope_variants(text)
+    if found is None:
+        cfg = text.config
+        return {None: dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})}
+    tables, per_layer = found
+    order = list(dict.fromkeys(per_layer)) + [k for k in tables if k not in per_layer]
+    return {k: dict(tables[k]) for k in order}
+
+
 def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int], native: str) -> bool:
     """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``: the
     chunked and interleaved layouts, and the model's native layout (ERNIE-4.5-VL's ``videorope``, whose temporal
@@ -225,8 +263,8 @@ def patch_model(
     **design_options: Any,
 ) -> nn.Module:
     """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
-    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision)) use
-    ropekit positions and rotations.
+    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL,
+    Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma, Aya Vision) use ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one
@@ -235,8 +273,8 @@ def patch_model(
     layout (a name, or a mapping design → name); by default each design uses its own, and 3-axis
     designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, GLM-4V and PaddleOCR-VL,
     interleaved on Qwen3-VL and Qwen3.5, VideoRoPE's on ERNIE-4.5-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
-    per axis, summing to the rotary half-dim). On LLaVA (a 1-D language model) 3-axis designs default to
-    chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling
+    per axis, summing to the rotary half-dim). On the 1-D families (LLaVA, InternVL, Gemma 3, …) 3-axis designs
+    default to chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling
     (``rope_parameters``: linear, dynamic, yarn, longrope, llama3) is applied to every geometry's
     frequencies, with its attention factor. ``design_options`` go to ``design`` (the first of a
     pair); ``options`` maps any design name to its options. Patching again replaces the old patch.
@@ -290,22 +328,27 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
                          f"{sorted(set(names))})")
 
     tcfg = text.config
-    rope = dict(getattr(tcfg, "rope_parameters", None) or {})
-    try:
-        scaling = parse_scaling(scaling_from_config(tcfg))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"patch_model: the model's rope_parameters cannot be applied: {e}") from None
+    tables = _rope_tables(adapter, text)  # {table key: rope parameters} (key None: one table for every layer)
     head_dim = adapter.rotary_dim(text)
     native = adapter.native_allocation
     given_sections = sections is not None
-    sections = adapter.sections(rope, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
+    first = next(iter(tables.values()))
+    sections = adapter.sections(first, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
     if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
         sections = _check_sections(saved["sections"], head_dim)
-    base = float(rope.get("rope_theta", 10000.0))
-    geometries = {
-        n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native, scaling)
-        for n in dict.fromkeys(names)
-    }
+    variants = {}
+    for key, rope in tables.items():
+        try:
+            scaling = parse_scaling(scaling_from_config(_RopeConfig(tcfg, rope)))
+        except (ValueError, TypeError) as e:
+            where = "" if key is None else f" ({key!r} layers)"
+            raise ValueError(f"patch_model: the model's rope_parameters{where} cannot be applied: {e}") from None
+        base = float(rope.get("rope_theta", 10000.0))
+        variants[key] = ({
+            n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native, scaling)
+            for n in dict.fromkeys(names)
+        }, attention_factor(scaling))
+    geometries, factor = next(iter(variants.values()))
     allocations = {n: g.allocation for n, g in geometries.items()}
     if given_sections and not any(_uses_sections(g.allocation, g.W.shape[0], sections, native)
                                   for g in geometries.values()):
@@ -325,7 +368,9 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         adapter=adapter,
         geometries=geometries,
         layer_geometry=names,
-        scaling=attention_factor(scaling),
+        scaling=factor,
+        variants=variants if len(variants) > 1 or None not in variants else {},
+        origin=adapter.position_origin,
         merge=adapter.merge(vcfg),
         tokens_per_second=adapter.tokens_per_second(vcfg),
         temporal_merge=adapter.temporal_merge(vcfg),
@@ -335,10 +380,10 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         video_token_id=getattr(inner.config, "video_token_id", None),
     )
     if adapter.one_d:
-        hooks.install(inner, "forward", hooks.lm_forward, state)
+        hooks.install(inner, "forward", hooks.lm_forward, state, contract=_lm_contract(adapter))
     else:
         hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
-    hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state)
+    hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state, contract=_rotary_contract(adapter))
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, contract=_layer_contract(adapter), index=i,
                       geometry=names[i])

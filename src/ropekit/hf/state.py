@@ -70,7 +70,24 @@ class _State:
     # (start None: pending is the prompt itself)
     vision_ids: dict = field(default_factory=dict)  # device -> tensor of the image/video token ids
     last: dict[int, torch.Tensor] = field(default_factory=dict)
-    seen: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)  # dynamic NTK: (length, W) per geometry
+    seen: dict[tuple, tuple[int, torch.Tensor]] = field(default_factory=dict)  # dynamic NTK: (length, W) per table
+    # families whose text model has several rotary tables (Adapter.rope_variants): key -> (geometries with that
+    # table's frequencies, its attention factor); empty: ``geometries`` and ``scaling`` serve every layer
+    variants: dict[str, tuple[dict[str, _Geometry], float]] = field(default_factory=dict)
+    origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
+    current: Optional[tuple] = None  # (positions, run, keys served) of this forward, for rotaries called once per key
+
+
+def rotary(state: _State, key: Optional[str]) -> tuple[dict[str, _Geometry], float]:
+    """(geometries, attention factor) of the rotary table ``key`` (None: the model's one table)."""
+    if not state.variants:
+        return state.geometries, state.scaling
+    if key not in state.variants:
+        raise ValueError(
+            f"patched model: the rotary was asked for table {key!r}, but the patch built {sorted(state.variants)} "
+            f"from the model config; this call path is not supported by ropekit's patch (please report it)"
+        )
+    return state.variants[key]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,6 +161,8 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
             )
         except ValueError as e:
             raise ValueError(f"patched model (design {name!r}): {e}") from None
+        if state.origin:
+            out[name] = out[name] + state.origin
     return out
 
 
@@ -415,14 +434,14 @@ def _read(table: torch.Tensor, after: torch.Tensor, new: torch.Tensor, k: int) -
 # frequencies that follow the sequence length
 
 
-def frequencies(state: _State, name: str, positions: torch.Tensor) -> torch.Tensor:
-    """The frequency matrix geometry ``name`` rotates ``positions`` with in this forward.
+def frequencies(state: _State, name: str, positions: torch.Tensor, key: Optional[str] = None) -> torch.Tensor:
+    """The frequency matrix geometry ``name`` rotates ``positions`` with in this forward (rotary table ``key``).
 
     Fixed unless the model's rope scaling follows the length ``max position + 1``, as transformers does:
     LongRoPE takes its long factors past the original context; dynamic NTK grows its base when the length
     passes the largest seen so far and goes back to the original frequencies below the original context.
     """
-    geo = state.geometries[name]
+    geo = rotary(state, key)[0][name]
     s = geo.scaling
     if s is None:
         return geo.W
@@ -430,12 +449,12 @@ def frequencies(state: _State, name: str, positions: torch.Tensor) -> torch.Tens
     if s.rope_type == "longrope":
         return scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=length)[0]
     original = int(s.params["max_position_embeddings"])
-    seen, W = state.seen.get(name, (original, None))
+    seen, W = state.seen.get((name, key), (original, None))
     if length > seen:
         seen, W = length, scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=length)[0]
     elif length < original and seen > original:
         seen, W = original, None
     if W is None:  # the original length: the base change is the identity
         W = scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=original)[0]
-    state.seen[name] = (seen, W)
+    state.seen[(name, key)] = (seen, W)
     return W

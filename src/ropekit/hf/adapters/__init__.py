@@ -1,20 +1,28 @@
 """Model-family adapters, by transformers ``model_type``."""
+from .aya_vision import AyaVision
 from .base import Adapter
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
+from .gemma3 import Gemma3
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
+from .idefics3 import Idefics3
+from .internvl import InternVL
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
+from .mistral3 import Mistral3
 from .paddleocr_vl import PaddleOCRVL
+from .paligemma import PaliGemma
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
 from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
 from .qwen3_5_moe import Qwen3_5Moe
+from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision())}
+    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
+    Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
 
 __all__ = ["Adapter", "ADAPTERS"]

@@ -20,6 +20,28 @@ def partial_rotary_dim(text: nn.Module) -> int:
     return int(head_dim * factor)
 
 
+def rotate_half_layout(text: nn.Module) -> str:
+    """How the text model's attention pairs a head's channels, read off its module's ``rotate_half`` (the function
+    its ``apply_rotary_pos_emb`` rotates with, and which its rotary's cos/sin tables are laid out for): ``"half"``
+    (channel j with j + R/2, Llama's) or ``"pairs"`` (2j with 2j + 1, Cohere's). A text model without such a
+    function, or with another one, is refused: its rotary layout is not known."""
+    import sys
+
+    module = sys.modules.get(type(text).__module__)
+    rotate = getattr(module, "rotate_half", None)
+    probe = torch.arange(1.0, 5.0)
+    out = rotate(probe) if callable(rotate) else None
+    if out is not None and torch.equal(out, torch.tensor([-3.0, -4.0, 1.0, 2.0])):
+        return "half"
+    if out is not None and torch.equal(out, torch.tensor([-2.0, 1.0, -4.0, 3.0])):
+        return "pairs"
+    raise ValueError(
+        f"patch_model: the language model {type(text).__name__} rotates q and k in a way ropekit does not know "
+        f"(no rotate_half pairing channel j with j + R/2 or 2j with 2j + 1 in {type(text).__module__}); its cos/sin "
+        f"tables cannot be replaced"
+    )
+
+
 def split_frames(video_grid_thw: Any) -> Any:
     """One ``(1, h, w)`` grid per frame of each video: families whose processor writes every frame as a block of
     its own (timestamp text between frames) and whose position code places each frame as an image."""
@@ -49,6 +71,13 @@ class Adapter:
     #: decoder layers' forward, that the family adds and the patch hands on unread (MoE routing switches)
     forward_params: frozenset = frozenset()
     layer_params: frozenset = frozenset()
+    #: parameters of the text model's rotary forward beyond ``x`` and ``position_ids``, each call picking one of
+    #: several rotary tables (Gemma 3's ``layer_type``: its sliding-window and global layers use different bases);
+    #: such a family also states the tables in :meth:`rope_variants`
+    rotary_params: frozenset = frozenset()
+    #: the model's first position on 1-D families (PaliGemma counts from 1): every design's positions are
+    #: shifted by it, as the stock model shifts its own
+    position_origin: float = 0.0
 
     @property
     def name(self) -> str:
@@ -61,6 +90,11 @@ class Adapter:
 
     def check(self, inner: nn.Module) -> None:
         """Refuse, at patch time, a model whose layout this family's adapter cannot place."""
+
+    def rope_variants(self, text: nn.Module) -> Optional[tuple[dict[str, dict], list[str]]]:
+        """Families whose text model rotates its layers with different rope parameters (:attr:`rotary_params`):
+        ``({key: that table's rope parameters}, each decoder layer's key)``; None when one table serves every layer."""
+        return None
 
     def rotary_dim(self, text: nn.Module) -> int:
         """Channels per head the model rotates (the head dim, less under partial rotary)."""

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .base import Adapter
+from .base import Adapter, rotate_half_layout
 
 _CLS_TOWERS = ("clip_vision_model",)  # vision towers whose first output token is a CLS token
 _GRID_TOWERS = ("siglip_vision_model",)  # vision towers whose outputs are the patch grid only
@@ -38,6 +38,9 @@ class Llava(Adapter):
 
     def merge(self, vision_config: Any) -> int:
         return 1
+
+    def table_layout(self, text: nn.Module) -> str:
+        return rotate_half_layout(text)  # any 1-D language model: Llama's rotate-half, Cohere's pairs, …
 
     def check(self, inner: nn.Module) -> None:
         self.grid(inner.config, inner.config.vision_feature_select_strategy)
@@ -65,12 +68,25 @@ class Llava(Adapter):
         return size // patch, int(cls and strategy == "full")
 
     def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
-        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
-        if kwargs.get("pixel_values") is None and encoded is None:
+        if kwargs.get("pixel_values") is None and encoded_images(kwargs) is None:
             return torch.zeros_like(types), None, None  # image token ids without images are text, as in stock
-        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
-        side, cls = self.grid(inner.config, strategy)
+        side, cls = self.image_grid(inner, kwargs)
         return (*image_runs(types, side, cls), None)
+
+    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
+        """(tokens per side of every image's grid, 1 when a CLS token leads each image's run else 0) in this
+        forward: families whose images (or tiles, or crops) all fill one fixed grid override this."""
+        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
+        return self.grid(inner.config, strategy)
+
+
+def encoded_images(kwargs: dict) -> Any:
+    """The images ``generate`` encoded before the first forward (``mm_encoder_outputs["image"]``; Idefics3 and
+    SmolVLM also take the pooled features as a bare tensor), or None."""
+    encoded = kwargs.get("mm_encoder_outputs")
+    if isinstance(encoded, torch.Tensor) or encoded is None:
+        return encoded
+    return encoded.get("image")
 
 
 Item = list  # one image or video as the model fills its tokens: ints (that many text tokens) and (t, h, w) grids

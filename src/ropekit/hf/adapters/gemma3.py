@@ -1,0 +1,59 @@
+"""Gemma 3 (``gemma3``): a SigLIP tower whose patch grid is average-pooled to ``mm_tokens_per_image`` tokens, in a
+Gemma 3 language model with two rotary tables.
+
+Images: the tower's ``(image_size / patch_size)²`` patch features are average-pooled (kernel = stride =
+patches per side / tokens per side) to an ``s × s`` grid, ``s = √mm_tokens_per_image``, read row by row. The
+processor writes each image (and each pan-and-scan crop, which is an image of its own) as ``<start_of_image>``,
+``s²`` image tokens, ``<end_of_image>``; the begin/end tokens are text.
+
+Attention: the model lets the tokens of one image attend to each other both ways (a block mask built from
+``token_type_ids``, 1 on image tokens). The patch hands ``token_type_ids`` on unread and changes no mask.
+
+Rotation: global layers (``full_attention``) and sliding-window layers (``sliding_attention``) rotate with their own
+``rope_parameters`` (bases 1e6 and 1e4 in the released checkpoints, the global ones with linear scaling on the
+larger models). The text model calls its rotary once per layer type with ``layer_type``; the patch builds every
+design's tables once per layer type, from that type's parameters, at the same positions.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch import nn
+
+from .llava import Llava
+
+
+class Gemma3(Llava):
+    model_type = "gemma3"
+    forward_params = frozenset({"token_type_ids"})
+    rotary_params = frozenset({"layer_type"})
+
+    def check(self, inner: nn.Module) -> None:
+        self.side(inner.config)
+
+    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
+        return self.side(inner.config), 0
+
+    def side(self, config: Any) -> int:
+        """Tokens per side of an image's pooled grid; refuses a config whose pooling does not give that grid."""
+        vcfg = config.vision_config
+        patches = vcfg.image_size // vcfg.patch_size
+        side = round(config.mm_tokens_per_image ** 0.5)
+        kernel = patches // side if side else 0
+        if side < 1 or side * side != config.mm_tokens_per_image or kernel < 1 or patches // kernel != side:
+            raise ValueError(
+                f"patch_model: Gemma 3 with mm_tokens_per_image={config.mm_tokens_per_image} and {patches} patches per "
+                f"side: the average pooling does not give a square grid of that many tokens (the model's own "
+                f"feature count would not match its image tokens either)"
+            )
+        return side
+
+    def rope_variants(self, text: nn.Module) -> Optional[tuple[dict[str, dict], list[str]]]:
+        cfg = text.config
+        rope, types = getattr(cfg, "rope_parameters", None) or {}, list(getattr(cfg, "layer_types", None) or [])
+        if not types or not all(isinstance(rope.get(t), dict) for t in types):
+            raise ValueError(
+                f"patch_model: Gemma 3's language model config must give rope_parameters per layer type "
+                f"({sorted(set(types))}), got {rope!r}"
+            )
+        return {t: rope[t] for t in dict.fromkeys(types)}, types
