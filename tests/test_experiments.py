@@ -13,7 +13,9 @@ import torch
 
 from ropekit.cli import main
 from ropekit.experiments import get, runner
-from ropekit.experiments.stats import mean_interval, paired_verdict, t_quantile_975
+from ropekit.experiments.stats import (adjusted_verdicts, holm, mean_interval, paired_test, paired_verdict,
+                                      seeds_for_power, seeds_to_decide, t_cdf, t_quantile, t_quantile_975,
+                                      verdict_from_interval)
 from ropekit.experiments.tasks.grids import KINDS, grid_vocab, image_batch, video_batch
 
 V = grid_vocab()
@@ -26,18 +28,97 @@ def test_t_quantiles_match_published_table():
     assert t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     assert t_quantile_975(2) == pytest.approx(4.303, abs=1e-3)
     assert t_quantile_975(9) == pytest.approx(2.262, abs=1e-3)
-    assert t_quantile_975(1000) == pytest.approx(1.960, abs=1e-3)
+    assert t_quantile_975(1000) == pytest.approx(1.962, abs=1e-3)
     with pytest.raises(ValueError, match="df"):
         t_quantile_975(0)
 
 
+@pytest.mark.parametrize("p,df,table", [(0.95, 10, 1.812), (0.995, 5, 4.032), (0.9995, 30, 3.646),
+                                        (0.99, 20, 2.528), (0.999, 3, 10.215), (0.9, 1, 3.078), (0.975, 60, 2.000)])
+def test_t_quantile_at_other_levels_matches_published_tables(p, df, table):
+    assert t_quantile(p, df) == pytest.approx(table, abs=1e-3)
+    assert t_quantile(1 - p, df) == pytest.approx(-table, abs=1e-3)  # symmetry
+    assert t_cdf(table, df) == pytest.approx(p, abs=1e-4)  # tables round to 3 decimals
+
+
+def test_t_cdf_matches_the_closed_forms_at_one_and_two_df():
+    # df = 1 is the Cauchy distribution; df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    for t in (-30.0, -2.5, -0.3, 0.0, 0.7, 4.0, 100.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    with pytest.raises(ValueError, match="df"):
+        t_cdf(1.0, 0)
+    with pytest.raises(ValueError, match="probability"):
+        t_quantile(1.0, 5)
+
+
+def test_paired_t_test_on_students_sleep_data():
+    # Cushny & Peebles' sleep data as in R: t.test(extra ~ group, data = sleep, paired = TRUE) reports
+    # t = -4.0621, df = 9, p-value = 0.002833, 95 % CI (-2.4598858, -0.7001142) for group 1 - group 2
+    d = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]  # group 2 - group 1
+    t = paired_test(d)
+    assert t["t"] == pytest.approx(4.0621, abs=1e-4) and t["p"] == pytest.approx(0.002833, abs=1e-6)
+    iv = mean_interval(d)
+    assert (iv["lo"], iv["hi"]) == (pytest.approx(0.7001142, abs=1e-6), pytest.approx(2.4598858, abs=1e-6))
+    assert paired_test([0.1])["p"] == 1.0  # one seed decides nothing
+    assert paired_test([0.1, 0.1])["p"] == 0.0 and paired_test([0.0, 0.0])["p"] == 1.0
+
+
+def test_holm_on_textbook_examples():
+    # Wikipedia's Holm-Bonferroni example: p = 0.01, 0.04, 0.03, 0.005 at alpha 0.05 rejects H1 and H4 only
+    adj = holm([0.01, 0.04, 0.03, 0.005])
+    assert [a <= 0.05 for a in adj] == [True, False, False, True]
+    assert adj == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # by hand: sorted 0.01..0.05 times 5, 4, 3, 2, 1 = 0.05, 0.08, 0.09, 0.08, 0.05, then running maximum
+    assert holm([0.05, 0.04, 0.03, 0.02, 0.01]) == pytest.approx([0.09, 0.09, 0.09, 0.08, 0.05])
+    assert holm([0.4, 0.9]) == pytest.approx([0.8, 0.9]) and holm([]) == []
+    with pytest.raises(ValueError):
+        holm([1.5])
+
+
+def test_four_verdicts_from_an_interval():
+    assert verdict_from_interval(0.01, 0.05, 0.02) == "reproduced"
+    assert verdict_from_interval(-0.05, -0.01, 0.02) == "contradicted"
+    assert verdict_from_interval(-0.015, 0.012, 0.02) == "no effect"
+    assert verdict_from_interval(-0.015, 0.03, 0.02) == "inconclusive"
+    assert verdict_from_interval(-0.015, 0.012, None) == "inconclusive"
+
+
+def test_adjusted_verdicts_hold_the_family_wise_level():
+    # claim 0 alone would be reproduced (p = 0.0028 for the sleep data); claim 1 has p between 0.05/2 and 0.05
+    sleep = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]
+    weak = [0.5, -0.1, 0.4, 0.3, 0.6, 0.0, 0.2, -0.2, 0.5, 0.1]
+    flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001, 0.002, -0.002]
+    p_weak = paired_test(weak)["p"]
+    assert 0.025 < p_weak < 0.05 and paired_verdict(weak, [0.0] * 10, delta=0.02)["verdict"] == "reproduced"
+    rows = adjusted_verdicts([sleep, weak, flat], [0.5, 0.02, 0.02])
+    assert [r["verdict"] for r in rows] == ["reproduced", "inconclusive", "no effect"]
+    assert rows[1]["p_holm"] == pytest.approx(max(2 * p_weak, 3 * paired_test(sleep)["p"]))
+    # the Bonferroni interval is the t-interval at level 1 - 0.05/3: quantile t(1 - 0.05/6, 9)
+    iv = rows[2]["interval"]
+    sd = paired_test(flat)["sd"]
+    assert iv["hi"] - iv["mean"] == pytest.approx(t_quantile(1 - 0.05 / 6, 9) * sd / math.sqrt(10))
+    assert rows[0]["level"] == pytest.approx(1 - 0.05 / 3)
+
+
+def test_seeds_needed_from_the_spread():
+    # half-width t(0.975, n-1) * 0.05 / sqrt(n) < 0.01: t(97) = 1.9847 -> 0.2005 (too wide), t(98) = 1.9845 ->
+    # 0.1995 at n = 99 (published t table values)
+    assert seeds_to_decide(0.05, 0.02) == 99
+    # R: power.t.test(delta = 1, sd = 1, type = "paired", power = 0.8) gives n = 9.94, i.e. 10 pairs
+    assert seeds_for_power(1.0, 1.0, power=0.8) == 10
+    assert seeds_to_decide(0.05, 0.02, m=7) > 99  # a family needs more
+    assert seeds_to_decide(float("nan"), 0.02) is None
+
+
 def test_mean_interval_by_hand():
-    # values 1, 2, 3: mean 2, sample sd 1, se 1/sqrt(3), t(2) = 4.303 -> half-width 2.4843
+    # values 1, 2, 3: mean 2, sample sd 1, se 1/sqrt(3); the 97.5 % point of t with 2 df solves
+    # t / sqrt(2 + t^2) = 0.95, i.e. t = sqrt(2 / (1 - 0.95^2) - 2) = 4.302653 -> half-width 2.48414
     r = mean_interval([1.0, 2.0, 3.0])
     assert r["mean"] == pytest.approx(2.0)
     assert r["sd"] == pytest.approx(1.0)
-    assert r["hi"] - r["mean"] == pytest.approx(4.303 / math.sqrt(3), rel=1e-6)
-    assert r["mean"] - r["lo"] == pytest.approx(2.4843, abs=1e-4)
+    assert r["hi"] - r["mean"] == pytest.approx(math.sqrt(2 / (1 - 0.95 ** 2) - 2) / math.sqrt(3), rel=1e-9)
+    assert r["mean"] - r["lo"] == pytest.approx(2.48414, abs=1e-5)
     with pytest.raises(ValueError, match="empty"):
         mean_interval([])
     with pytest.raises(ValueError, match="finite"):
@@ -52,6 +133,8 @@ def test_paired_verdicts_follow_the_interval():
     assert paired_verdict([0.4, 0.38, 0.39], [0.5, 0.5, 0.5], "lower")["verdict"] == "reproduced"
     # differences +0.1, -0.1, +0.05 straddle 0 -> inconclusive
     assert paired_verdict([0.6, 0.4, 0.55], [0.5, 0.5, 0.5])["verdict"] == "inconclusive"
+    # differences within +-0.002 and delta 0.02: the interval lies inside +-delta -> no effect
+    assert paired_verdict([0.501, 0.499, 0.5, 0.5], [0.5] * 4, delta=0.02)["verdict"] == "no effect"
     assert paired_verdict([0.9], [0.1])["verdict"] == "inconclusive"  # one seed never decides
     with pytest.raises(ValueError, match="pair"):
         paired_verdict([1.0, 2.0], [1.0])
@@ -149,8 +232,11 @@ def test_micro_preset_end_to_end(tmp_path, name, designs, capsys):
     assert agg["claims"], "claims whose two designs ran get a verdict"
     for c in agg["claims"]:
         a = c["advantage"]
-        expected = "reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else "inconclusive"
-        assert c["verdict"] == expected
+        expected = ("reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else
+                    "no effect" if -c["delta"] < a["lo"] and a["hi"] < c["delta"] else "inconclusive")
+        assert c["verdict_unadjusted"] == expected
+        b = c["advantage_adjusted"]  # the adjusted interval contains the unadjusted one
+        assert b["lo"] <= a["lo"] and a["hi"] <= b["hi"]
     out = capsys.readouterr().out
     assert "advantage" in out and name in out
     # the report section draws the heat maps and curves and lists every verdict with its interval

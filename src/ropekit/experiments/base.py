@@ -23,7 +23,11 @@ __all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread"]
 
 @dataclass(frozen=True)
 class Claim:
-    """"``design`` beats ``baseline`` on ``metric``" (``better``: higher or lower), citing the paper."""
+    """"``design`` beats ``baseline`` on ``metric``" (``better``: higher or lower), citing the paper.
+
+    ``delta`` is the smallest difference of interest (in the metric's units, declared before any run): a
+    paired interval lying inside ±delta is the verdict ``no effect``, and seeds are sized to decide at this
+    resolution. ``delta_reason`` says in one line why that value (required with it)."""
 
     id: str
     text: str
@@ -32,6 +36,17 @@ class Claim:
     design: str
     baseline: str
     better: str = "higher"
+    delta: float | None = None
+    delta_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"claim {self.id}: `better` must be 'higher' or 'lower', got {self.better!r}")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < float("inf"):
+            raise ValueError(f"claim {self.id}: declare `delta`, the smallest effect of interest (> 0), got "
+                             f"{self.delta!r}")
+        if not self.delta_reason.strip():
+            raise ValueError(f"claim {self.id}: say why delta = {self.delta} (`delta_reason`)")
 
 
 @dataclass

@@ -97,19 +97,26 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
 
 CLAIMS = (
     Claim("C1", "Circle-RoPE makes accuracy independent of the answer's cell (flatter per-cell heat map than M-RoPE)",
-          "Circle-RoPE §3 (cross-modal positional bias, PTD)", "cell_spread", "circle", "mrope", "lower"),
+          "Circle-RoPE §3 (cross-modal positional bias, PTD)", "cell_spread", "circle", "mrope", "lower",
+          delta=0.02, delta_reason="cell_spread is a std of per-cell accuracies, so in accuracy units; 0.02 = the accuracy resolution used for every claim"),
     Claim("C1b", "Circle-RoPE has less per-cell bias than flattened 1-D RoPE",
-          "Circle-RoPE §3, Fig. 2", "cell_spread", "circle", "vanilla", "lower"),
+          "Circle-RoPE §3, Fig. 2", "cell_spread", "circle", "vanilla", "lower",
+          delta=0.02, delta_reason="as C1: a std of per-cell accuracies, 0.02 in accuracy units"),
     Claim("C2", "Circle-RoPE is more robust to image–question gaps longer than trained than M-RoPE",
-          "Circle-RoPE §4.1 (text equidistant from the image at any distance)", "acc_long_gap", "circle", "mrope"),
+          "Circle-RoPE §4.1 (text equidistant from the image at any distance)", "acc_long_gap", "circle", "mrope",
+          delta=0.02, delta_reason="accuracy: 2 points, the largest δ allowed for accuracy-type metrics"),
     Claim("C3", "Circle-RoPE keeps spatial structure: better than M-RoPE on grids larger than trained",
-          "Circle-RoPE §4.1 (intra-image relations preserved)", "acc_large_grid", "circle", "mrope"),
+          "Circle-RoPE §4.1 (intra-image relations preserved)", "acc_large_grid", "circle", "mrope",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("C4", "Circle-RoPE tells several images apart better than M-RoPE (which-image accuracy)",
-          "Circle-RoPE §4.3 (multi-image sequences)", "acc_multi", "circle", "mrope"),
+          "Circle-RoPE §4.3 (multi-image sequences)", "acc_multi", "circle", "mrope",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("C5", "AGE (alternating Circle-RoPE / M-RoPE layers) beats Circle-RoPE in every layer",
-          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "circle"),
+          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "circle",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("C5b", "AGE (alternating) beats M-RoPE in every layer",
-          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "mrope"),
+          "Circle-RoPE §4.2, §5.4 (AGE)", "acc", "circle-age-alternate", "mrope",
+          delta=0.02, delta_reason="accuracy: 2 points"),
 )
 
 EXPERIMENT = register(Experiment(

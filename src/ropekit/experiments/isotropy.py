@@ -51,13 +51,16 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
 
 CLAIMS = tuple(
     Claim(f"I-{m}", f"directional N-D RoPE ({m}) is more isotropic than axial RoPE (flatter accuracy over angle)",
-          "N-D RoPE derivation (incoherent directions)", "angle_spread", f"nd-{m}", "axial", "lower")
+          "N-D RoPE derivation (incoherent directions)", "angle_spread", f"nd-{m}", "axial", "lower",
+          delta=0.02, delta_reason="angle_spread is a std of per-angle accuracies (accuracy units): 0.02 as for accuracy")
     for m in ("sobol", "weyl", "ggr", "golden")
 ) + (
     Claim("I-geope", "GeoPE's coupled axes are more isotropic than axial RoPE", "GeoPE §3 (coupled 3-D rotations)",
-          "angle_spread", "geope", "axial", "lower"),
+          "angle_spread", "geope", "axial", "lower",
+          delta=0.02, delta_reason="angle_spread is a std of per-angle accuracies (accuracy units): 0.02 as for accuracy"),
     Claim("I-acc", "incoherent directions (weyl) solve the direction task better than axial RoPE",
-          "N-D RoPE derivation (incoherent directions)", "acc", "nd-weyl", "axial"),
+          "N-D RoPE derivation (incoherent directions)", "acc", "nd-weyl", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points"),
 )
 
 EXPERIMENT = register(Experiment(

@@ -153,15 +153,20 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
 
 CLAIMS = (
     Claim("P1", "GeoPE 3-D segments 3-D scenes better (mIoU) than axial 3-D RoPE",
-          "GeoPE §5.3 (3-D semantic segmentation)", "miou", "geope", "axial"),
+          "GeoPE §5.3 (3-D semantic segmentation)", "miou", "geope", "axial",
+          delta=0.02, delta_reason="mIoU is a mean of per-class IoU fractions (0-1): 2 points, as for accuracy"),
     Claim("P2", "GeoPE 3-D keeps its accuracy on larger scenes than trained better than axial 3-D RoPE",
-          "GeoPE §4-5 (extrapolation), in 3-D", "acc_large", "geope", "axial"),
+          "GeoPE §4-5 (extrapolation), in 3-D", "acc_large", "geope", "axial",
+          delta=0.02, delta_reason="point accuracy: 2 points"),
     Claim("P3", "Directional 3-D RoPE (Sobol directions) segments better than axial 3-D RoPE",
-          "directional N-D RoPE (mixed-axis directions)", "miou", "nd-sobol", "axial"),
+          "directional N-D RoPE (mixed-axis directions)", "miou", "nd-sobol", "axial",
+          delta=0.02, delta_reason="mIoU: 2 points, as for accuracy"),
     Claim("P4", "3-D RoPE extrapolates to larger scenes better than a learned absolute embedding",
-          "RoPE-Mixed (Heo et al. 2024) §5 (RoPE vs APE), in 3-D", "acc_large", "axial", "learned"),
+          "RoPE-Mixed (Heo et al. 2024) §5 (RoPE vs APE), in 3-D", "acc_large", "axial", "learned",
+          delta=0.02, delta_reason="point accuracy: 2 points"),
     Claim("P5", "3-D positions help beyond local geometry: axial 3-D RoPE beats no position (mIoU)",
-          "GeoPE §5.3 (position encoding ablation)", "miou", "axial", "none"),
+          "GeoPE §5.3 (position encoding ablation)", "miou", "axial", "none",
+          delta=0.02, delta_reason="mIoU: 2 points, as for accuracy"),
 )
 
 EXPERIMENT = register(Experiment(

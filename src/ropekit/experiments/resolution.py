@@ -47,17 +47,22 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
 
 CLAIMS = (
     Claim("R1", "GeoPE extrapolates to higher resolution better than axial 2-D RoPE",
-          "GeoPE §4 (resolution extrapolation)", "acc_zoom_max", "geope", "axial"),
+          "GeoPE §4 (resolution extrapolation)", "acc_zoom_max", "geope", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     # canvas claims at the first grid beyond training (12): from 16 on, axial RoPE itself is at chance and at 24
     # every family answers one class (checked on axial only; docs/experiments.md), so larger canvases decide nothing
     Claim("R2", "GeoPE handles a larger canvas (positions beyond training) better than axial 2-D RoPE",
-          "GeoPE §4 (resolution extrapolation)", "acc_canvas_first", "geope", "axial"),
+          "GeoPE §4 (resolution extrapolation)", "acc_canvas_first", "geope", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("R3", "RoPE-Mixed extrapolates to higher resolution better than axial 2-D RoPE",
-          "RoPE-Mixed (Heo et al. 2024) §5, multi-resolution", "acc_zoom_max", "mixed", "axial"),
+          "RoPE-Mixed (Heo et al. 2024) §5, multi-resolution", "acc_zoom_max", "mixed", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("R4", "RoPE-Mixed handles a larger canvas better than axial 2-D RoPE",
-          "RoPE-Mixed (Heo et al. 2024) §5, multi-resolution", "acc_canvas_first", "mixed", "axial"),
+          "RoPE-Mixed (Heo et al. 2024) §5, multi-resolution", "acc_canvas_first", "mixed", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points"),
     Claim("R5", "2-D RoPE extrapolates in resolution better than a learned absolute embedding",
-          "RoPE-Mixed (Heo et al. 2024) §5 (RoPE vs APE)", "acc_zoom_max", "axial", "learned"),
+          "RoPE-Mixed (Heo et al. 2024) §5 (RoPE vs APE)", "acc_zoom_max", "axial", "learned",
+          delta=0.02, delta_reason="accuracy: 2 points"),
 )
 
 EXPERIMENT = register(Experiment(

@@ -21,7 +21,7 @@ import torch
 
 from .base import Experiment
 from .registry import get
-from .stats import mean_interval, paired_verdict
+from .stats import ALPHA, adjusted_verdicts, mean_interval, paired_verdict, seeds_to_decide
 from .train import TrainConfig, dist_info, train
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
@@ -286,11 +286,17 @@ def step_costs(runs: list[dict], reference: str = "axial") -> dict:
     return {"reference": reference if ref else None, "designs": out}
 
 
-def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
-    """One verdict per claim whose two designs were both run (paired by seed)."""
+def verdicts(exp: Experiment, runs: list[dict], alpha: float = ALPHA) -> list[dict]:
+    """One verdict per claim whose two designs were both run (paired by seed).
+
+    The claims decided here are one family: ``verdict`` is the family-wise one (Holm–Bonferroni on the paired
+    t-tests for reproduced / contradicted, Bonferroni-widened intervals for no effect; see
+    :func:`ropekit.experiments.stats.adjusted_verdicts`), ``verdict_unadjusted`` the one of the claim's own 95 %
+    interval (``advantage``), shown beside it. An undecided claim gets ``seeds_to_decide``: the seeds after
+    which, at the measured spread, the adjusted interval would be narrower than δ."""
     table = {(r["design"], r["seed"]): r["metrics"] for r in runs}
     seeds = sorted({s for _, s in table})
-    rows = []
+    rows, diffs = [], []
     for c in exp.claims:
         if not all((d, s) in table for d in (c.design, c.baseline) for s in seeds):
             continue
@@ -298,10 +304,21 @@ def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
         b = [table[(c.baseline, s)][c.metric] for s in seeds]
         if any(x != x for x in a + b):  # a NaN metric (no data at this preset) decides nothing
             continue
-        v = paired_verdict(a, b, c.better)
+        v = paired_verdict(a, b, c.better, c.delta)
+        sign = 1.0 if c.better == "higher" else -1.0
+        diffs.append([sign * (x - y) for x, y in zip(a, b)])
         rows.append({"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
-                     "baseline": c.baseline, "better": c.better, "verdict": v["verdict"],
-                     "advantage": v["advantage"], "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b)})
+                     "baseline": c.baseline, "better": c.better, "delta": c.delta, "delta_reason": c.delta_reason,
+                     "verdict_unadjusted": v["verdict"], "advantage": v["advantage"],
+                     "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b), "seeds": seeds,
+                     "differences": diffs[-1]})
+    adjusted = adjusted_verdicts(diffs, [r["delta"] for r in rows], alpha)
+    for r, adj in zip(rows, adjusted):
+        r.update({"verdict": adj["verdict"], "p": adj["p"], "p_holm": adj["p_holm"],
+                  "advantage_adjusted": adj["interval"], "adjusted_level": adj["level"], "family": len(rows),
+                  "alpha": alpha})
+        r["seeds_to_decide"] = (seeds_to_decide(r["advantage"]["sd"], r["delta"], alpha, len(rows))
+                                if r["verdict"] == "inconclusive" and len(seeds) >= 2 else None)
     return rows
 
 
@@ -320,9 +337,20 @@ def summary_table(agg: dict) -> str:
         lines.append("seconds per training step (CPU)" + (f", × {ref}" if ref else "") + ": " + ", ".join(
             f"{d} {c['step_cpu_s']:.3f}" + (f" ({c['cpu_ratio']:.2f}×)" if c["cpu_ratio"] else "")
             for d, c in cost["designs"].items()))
-    for c in agg["claims"]:
+    claims = agg["claims"]
+    if claims and "verdict_unadjusted" in claims[0]:
+        lines.append(f"verdicts adjusted over the {len(claims)} claims (Holm-Bonferroni, alpha "
+                     f"{claims[0]['alpha']:g}); unadjusted 95% verdict in brackets; delta = smallest effect of interest")
+    for c in claims:
         a = c["advantage"]
-        lines.append(f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
-                     f"{c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} "
-                     f"(advantage {a['mean']:+.3f}, 95% [{a['lo']:+.3f}, {a['hi']:+.3f}])")
+        line = (f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
+                f"{c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} "
+                f"(advantage {a['mean']:+.3f}, 95% [{a['lo']:+.3f}, {a['hi']:+.3f}]")
+        if "verdict_unadjusted" in c:
+            b = c["advantage_adjusted"]
+            line += (f" {c['verdict_unadjusted']}; {100 * c['adjusted_level']:.2f}% [{b['lo']:+.3f}, {b['hi']:+.3f}], "
+                     f"p {c['p']:.3g}, Holm {c['p_holm']:.3g}; delta {c['delta']:g}")
+            if c.get("seeds_to_decide"):
+                line += f"; ~{c['seeds_to_decide']} seeds to decide"
+        lines.append(line + ")")
     return "\n".join(lines)

@@ -47,11 +47,14 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
 
 
 CLAIMS = (
-    Claim("S1", "GeoPE raises shape bias over axial 2-D RoPE", "GeoPE §4 (shape bias)", "shape_bias", "geope", "axial"),
+    Claim("S1", "GeoPE raises shape bias over axial 2-D RoPE", "GeoPE §4 (shape bias)", "shape_bias", "geope", "axial",
+          delta=0.02, delta_reason="shape bias is a fraction of decisions (0-1, like accuracy): 2 points"),
     Claim("S2", "GeoPE keeps clean accuracy at least as high as axial 2-D RoPE", "GeoPE §4 (classification)",
-          "clean_acc", "geope", "axial"),
+          "clean_acc", "geope", "axial",
+          delta=0.02, delta_reason="accuracy: 2 points (\"at least as high\" is read as: not 2 points lower)"),
     Claim("S3", "RoPE-Mixed raises shape bias over axial 2-D RoPE", "RoPE-Mixed (Heo et al. 2024), by analogy",
-          "shape_bias", "mixed", "axial"),
+          "shape_bias", "mixed", "axial",
+          delta=0.02, delta_reason="shape bias is a fraction of decisions: 2 points"),
 )
 
 EXPERIMENT = register(Experiment(
