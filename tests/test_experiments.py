@@ -317,3 +317,54 @@ def test_finished_runs_are_reused_only_for_the_same_configuration(tmp_path):
     assert list(runner._done_runs(path, "micro", {**cfg, "train": {"steps": 3, "ckpt_every": 5}})) == [("mrope", 0)]
     assert runner._done_runs(path, "micro", {**cfg, "train": {"steps": 4, "ckpt_every": 0}}) == {}
     assert runner._done_runs(path, "quick", cfg) == {}
+
+
+# --- seed ranges and replication ----------------------------------------------------------------------
+
+def test_seed_sets_are_ranges_and_replication_is_disjoint():
+    disc, rep = runner.seed_sets(8, 100)
+    assert disc == list(range(100, 108)) and rep == [runner.REPLICATION_OFFSET + s for s in disc]
+    assert not set(disc) & set(rep)
+    with pytest.raises(ValueError, match="below"):
+        runner.seed_sets(2, runner.REPLICATION_OFFSET - 1)
+    with pytest.raises(ValueError, match="seed_start"):
+        runner.seed_sets(2, -1)
+
+
+def test_replication_confirms_only_the_same_decided_verdict():
+    def row(cid, verdict):
+        iv = {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "sd": 0.0}
+        return {"id": cid, "verdict": verdict, "verdict_unadjusted": verdict, "advantage": iv,
+                "advantage_adjusted": iv, "p": 1.0, "p_holm": 1.0, "seeds": [10000, 10001], "design_mean": 0.0,
+                "baseline_mean": 0.0}
+    disc = [row("A", "reproduced"), row("B", "reproduced"), row("C", "no effect"), row("D", "inconclusive")]
+    rep = [row("A", "reproduced"), row("B", "inconclusive"), row("C", "no effect"), row("D", "reproduced")]
+    runner.attach_replication(disc, rep)
+    assert [c["confirmation"] for c in disc] == ["confirmed", "not confirmed", "confirmed", "nothing to confirm"]
+    assert disc[3]["replication"]["verdict"] == "reproduced"  # shown, though there was nothing to confirm
+
+
+def test_seed_start_and_replicate_from_the_cli(tmp_path, capsys):
+    args = ["crossmodal", "--designs", "mrope,circle", "--seeds", "2", "--seed-start", "100", "--out", str(tmp_path)]
+    assert _cli(*args) == 0
+    runs = [json.loads(l) for l in (tmp_path / "crossmodal" / "runs.jsonl").read_text().splitlines()]
+    assert sorted({r["seed"] for r in runs}) == [100, 101]
+    agg = json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+    assert agg["seed_list"] == [100, 101] and "replication" not in agg
+    assert _cli(*args, "--replicate") == 0  # trains only the replication set; the discovery runs are reused
+    runs = [json.loads(l) for l in (tmp_path / "crossmodal" / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in runs) == sorted([100, 101, 10100, 10101] * 2)
+    agg = json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+    assert agg["replication"]["seed_list"] == [10100, 10101]
+    # the replication's verdicts are computed from its own seeds only
+    rep = {(r["design"], r["seed"]): r["metrics"] for r in runs}
+    for c in agg["claims"]:
+        r = c["replication"]
+        diffs = [(1 if c["better"] == "higher" else -1) * (rep[(c["design"], s)][c["metric"]]
+                                                            - rep[(c["baseline"], s)][c["metric"]]) for s in (10100, 10101)]
+        assert r["advantage"]["mean"] == pytest.approx(sum(diffs) / 2)
+        assert c["confirmation"] in runner.CONFIRMATION
+    assert "replication (2 other seeds)" in capsys.readouterr().out
+    # a later discovery-only call still reports the finished replication
+    assert _cli(*args) == 0
+    assert "replication" in json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())

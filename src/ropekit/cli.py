@@ -288,8 +288,9 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, preset=args.preset,
-                                device=args.device, out=args.out, progress=not args.quiet)
+    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, seed_start=args.seed_start,
+                                replicate=args.replicate, preset=args.preset, device=args.device, out=args.out,
+                                progress=not args.quiet)
     print(runner.summary_table(agg))
     print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
     return 0
@@ -344,9 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", nargs="?", help="experiment name (see --list)")
     ex.add_argument("--list", action="store_true", help="say what each experiment tests and which claim it probes")
     ex.add_argument("--designs", help="comma-separated designs (default: the experiment's own list)")
-    ex.add_argument("--seeds", type=int, default=None, help="seeds per design (default: 3; 1 for micro)")
-    ex.add_argument("--preset", choices=("micro", "quick", "full"), default="quick",
-                    help="micro: seconds (tests); quick: minutes on a CPU; full: about an hour on one GPU")
+    ex.add_argument("--seeds", type=int, default=None,
+                    help="seeds per design (default: the preset's; 3 for quick, 1 for micro)")
+    ex.add_argument("--seed-start", type=int, default=0,
+                    help="first seed: seeds are START .. START+SEEDS-1 (default: 0)")
+    ex.add_argument("--replicate", action="store_true",
+                    help="also train a disjoint replication seed set (the same seeds + 10000) and report each "
+                         "claim as confirmed only when the replication agrees")
+    ex.add_argument("--preset", choices=("micro", "quick", "standard", "full"), default="quick",
+                    help="micro: seconds (tests); quick: a few-minute look on a CPU (not sized to decide); "
+                         "standard: seeds and evaluation sized to decide each claim, <= ~1 h on 2 CPU cores; "
+                         "full: a larger model for one GPU")
     ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
     ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
     ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")

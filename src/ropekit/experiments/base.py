@@ -65,6 +65,8 @@ class Experiment:
     check_design: Callable[[str], object] | None = None
     # designs run by default at one preset on top of ``designs`` (e.g. GeoPE's λ sweep in ``full``)
     preset_designs: dict = field(default_factory=dict)
+    # seeds per design by default at a preset (``standard`` sizes its own from a measured variance budget)
+    seeds: dict = field(default_factory=dict)
 
 
 @torch.no_grad()

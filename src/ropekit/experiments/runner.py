@@ -25,9 +25,11 @@ from .stats import ALPHA, adjusted_verdicts, mean_interval, paired_verdict, seed
 from .train import TrainConfig, dist_info, train
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
-           "init_distributed"]
+           "init_distributed", "seed_sets", "default_seeds", "attach_replication", "REPLICATION_OFFSET"]
 
-PRESETS = ("micro", "quick", "full")
+PRESETS = ("micro", "quick", "standard", "full")
+# replication seeds are the discovery seeds plus this offset: disjoint from any discovery set below it
+REPLICATION_OFFSET = 10_000
 
 
 def init_distributed(device: str) -> torch.device:
@@ -203,46 +205,104 @@ def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.de
             "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, preset: str = "quick",
-                   device: str = "cpu", out: "str | Path" = "experiments", progress: bool = True) -> dict:
-    """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate."""
+def seed_sets(n_seeds: int, seed_start: int = 0) -> tuple[list[int], list[int]]:
+    """``(discovery, replication)`` seeds: ``seed_start … seed_start + n_seeds − 1`` and the same numbers plus
+    :data:`REPLICATION_OFFSET` (disjoint as long as discovery seeds stay below the offset)."""
+    for name, v, low in (("seeds", n_seeds, 1), ("seed_start", seed_start, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"`{name}` must be an int >= {low}, got {v!r}")
+    if seed_start + n_seeds > REPLICATION_OFFSET:
+        raise ValueError(f"discovery seeds must stay below {REPLICATION_OFFSET} (the replication seeds start there); "
+                         f"got seeds {seed_start}..{seed_start + n_seeds - 1}")
+    discovery = list(range(seed_start, seed_start + n_seeds))
+    return discovery, [REPLICATION_OFFSET + s for s in discovery]
+
+
+def default_seeds(exp: Experiment, preset: str) -> int:
+    """Seeds per design when none are given: the preset's own count (``standard``), else 1 for micro, 3 else."""
+    return exp.seeds.get(preset, 1 if preset == "micro" else 3)
+
+
+def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, seed_start: int = 0,
+                   replicate: bool = False, preset: str = "quick", device: str = "cpu", out: "str | Path" = "experiments",
+                   progress: bool = True) -> dict:
+    """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate.
+
+    Seeds are ``seed_start … seed_start + seeds − 1`` (the discovery set). ``replicate`` also trains the
+    disjoint replication set (:func:`seed_sets`; the discovery set too when unfinished), and the aggregate
+    then reports each claim's discovery and replication verdicts side by side; a replication set already
+    finished in ``runs.jsonl`` is reported without ``replicate``."""
     exp = get(name)
     if preset not in exp.presets:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(exp.presets)}")
+        raise ValueError(f"unknown preset {preset!r} for {name}; choose one of {', '.join(exp.presets)}")
     cfg = exp.presets[preset]
     chosen = list(designs or default_designs(exp, preset))
     from .models import layer_designs
 
     for d in chosen:
         exp.check_design(d) if exp.check_design else layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
-    n_seeds = seeds if seeds is not None else (1 if preset == "micro" else 3)
-    if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ValueError(f"`seeds` must be an int >= 1, got {n_seeds!r}")
+    discovery, replication = seed_sets(seeds if seeds is not None else default_seeds(exp, preset), seed_start)
     dev = init_distributed(device)
     rank, _ = dist_info()
     folder = Path(out) / name
     (folder / "ckpt").mkdir(parents=True, exist_ok=True)
     runs_path = folder / "runs.jsonl"
     done = _done_runs(runs_path, preset, cfg, repair=rank == 0, warn=False)  # rank 0 writes the file and warns
+    if not replicate and all((d, s) in done for d in chosen for s in replication):
+        replicate = True  # finished earlier: report it
+    todo_seeds = discovery + (replication if replicate else [])
     for design in chosen:
-        for seed in range(n_seeds):
-            if (design, seed) in done:
-                continue
-            ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
-            rec = {"preset": preset, **run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress and rank == 0)}
+        todo = [s for s in todo_seeds if (design, s) not in done]
+        for rec in _train_design(exp, design, todo, cfg, dev, folder, preset, progress=progress and rank == 0):
+            rec = {"preset": preset, **rec}
             if rank == 0:
                 with runs_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
-                ckpt.unlink(missing_ok=True)
-            done[(design, seed)] = rec
-    runs = [done[(d, s)] for d in chosen for s in range(n_seeds)]
-    agg = {"experiment": name, "preset": preset, "seeds": n_seeds, "designs": chosen, "config": cfg,
-           "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
-           "claims": verdicts(exp, runs), "cost": step_costs(runs), "versions": _versions(),
+            done[(design, rec["seed"])] = rec
+    runs = [done[(d, s)] for d in chosen for s in discovery]
+    agg = {"format": 2, "experiment": name, "preset": preset, "seeds": len(discovery), "seed_list": discovery,
+           "designs": chosen, "config": cfg, "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
+           "claims": verdicts(exp, runs), "alpha": ALPHA, "cost": step_costs(runs), "versions": _versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if replicate:
+        rep_runs = [done[(d, s)] for d in chosen for s in replication]
+        rep_claims = verdicts(exp, rep_runs)
+        agg["replication"] = {"seeds": len(replication), "seed_list": replication, "metrics": aggregate(rep_runs),
+                              "claims": rep_claims}
+        attach_replication(agg["claims"], rep_claims)
     if rank == 0:
         (folder / "aggregate.json").write_text(json.dumps(agg, indent=1))
     return agg
+
+
+def _train_design(exp: Experiment, design: str, seeds: list[int], cfg: dict, dev: torch.device, folder: Path,
+                  preset: str, *, progress: bool):
+    """Train and evaluate ``design`` at each of ``seeds``; yields each run's record as it finishes."""
+    for seed in seeds:
+        ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
+        rec = run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress)
+        yield rec
+        ckpt.unlink(missing_ok=True)
+
+
+CONFIRMATION = ("confirmed", "not confirmed", "nothing to confirm")
+
+
+def attach_replication(discovery: list[dict], replication: list[dict]) -> None:
+    """Give each discovery claim its replication (same claim id, disjoint seeds) and a ``confirmation``:
+    ``confirmed`` when the discovery verdict decided something (reproduced, contradicted, no effect) and the
+    replication's adjusted verdict is the same, ``not confirmed`` when it decided something else or nothing,
+    ``nothing to confirm`` when the discovery was inconclusive."""
+    rep = {c["id"]: c for c in replication}
+    for c in discovery:
+        r = rep.get(c["id"])
+        c["replication"] = None if r is None else {
+            k: r[k] for k in ("verdict", "verdict_unadjusted", "advantage", "advantage_adjusted", "p", "p_holm",
+                              "seeds", "design_mean", "baseline_mean")}
+        if r is None or c["verdict"] == "inconclusive":
+            c["confirmation"] = "nothing to confirm"
+        else:
+            c["confirmation"] = "confirmed" if r["verdict"] == c["verdict"] else "not confirmed"
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -352,5 +412,12 @@ def summary_table(agg: dict) -> str:
                      f"p {c['p']:.3g}, Holm {c['p_holm']:.3g}; delta {c['delta']:g}")
             if c.get("seeds_to_decide"):
                 line += f"; ~{c['seeds_to_decide']} seeds to decide"
-        lines.append(line + ")")
+        line += ")"
+        if c.get("replication"):
+            r, ra = c["replication"], c["replication"]["advantage"]
+            line += (f"\n    replication ({len(r['seeds'])} other seeds): {r['verdict']}, advantage {ra['mean']:+.3f} "
+                     f"95% [{ra['lo']:+.3f}, {ra['hi']:+.3f}] -> {c['confirmation']}")
+        lines.append(line)
+    if agg.get("preset") in ("micro", "quick"):
+        lines.append(f"({agg['preset']} preset: a look, not sized to decide; `--preset standard` is)")
     return "\n".join(lines)
