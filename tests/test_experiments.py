@@ -368,3 +368,69 @@ def test_seed_start_and_replicate_from_the_cli(tmp_path, capsys):
     # a later discovery-only call still reports the finished replication
     assert _cli(*args) == 0
     assert "replication" in json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+
+
+# --- report: forest plot and the table of every claim ------------------------------------------------
+
+def _fake_family():
+    """Three claims on made-up per-seed metrics (4 seeds) whose verdicts are known by hand."""
+    from types import SimpleNamespace
+
+    from ropekit.experiments.base import Claim
+
+    claims = (Claim("A", "a beats base", "Paper §1", "acc", "a", "base", delta=0.02, delta_reason="accuracy"),
+              Claim("B", "b beats base", "Paper §2", "acc", "b", "base", delta=0.02, delta_reason="accuracy"),
+              Claim("C", "c is flatter", "Paper §3", "spread", "c", "base", "lower", delta=0.05, delta_reason="std"))
+    base = [0.50, 0.52, 0.48, 0.51]
+    vals = {"base": (base, [0.20, 0.22, 0.18, 0.21]),
+            "a": ([b + d for b, d in zip(base, (0.10, 0.12, 0.11, 0.09))], [0.2] * 4),
+            "b": ([b + d for b, d in zip(base, (0.05, -0.04, 0.06, -0.05))], [0.2] * 4),
+            "c": ([0.5] * 4, [0.21, 0.22, 0.18, 0.20])}
+    runs = [{"design": d, "seed": s, "metrics": {"acc": v[0][i], "spread": v[1][i]}}
+            for d, v in vals.items() for i, s in enumerate((100, 101, 102, 103))]
+    return SimpleNamespace(claims=claims), runs
+
+
+def test_forest_plot_draws_each_claims_interval_band_and_verdict(tmp_path, monkeypatch):
+    from ropekit.report import experiments as rexp
+
+    exp, runs = _fake_family()
+    claims = runner.verdicts(exp, runs)
+    # by hand: A's differences 0.10, 0.12, 0.11, 0.09 -> mean 0.105, sd 0.012910, t(3) = 3.182 (table)
+    a = claims[0]["advantage"]
+    assert a["mean"] == pytest.approx(0.105) and a["hi"] - a["mean"] == pytest.approx(3.182 * 0.012910 / 2, abs=1e-4)
+    assert [c["verdict"] for c in claims] == ["reproduced", "inconclusive", "no effect"]
+    agg = {"experiment": "fake", "preset": "standard", "seeds": 4, "seed_list": [100, 101, 102, 103],
+           "claims": claims}
+    figures = []
+    close = rexp.plt.close
+    monkeypatch.setattr(rexp.plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    cap = rexp.plot_forest(agg, tmp_path / "forest.png", "fake")
+    assert (tmp_path / "forest.png").stat().st_size > 1000 and "1 reproduced" in cap
+    ax = figures[-1].axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel() and "sized to decide" in ax.get_title()
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["reproduced", "inconclusive", "no effect"]
+    for c in claims:  # the 95 % interval and the adjusted one are drawn as horizontal segments
+        xs = [tuple(l.get_xdata()) for l in ax.lines if len(l.get_xdata()) == 2]
+        assert (pytest.approx(c["advantage"]["lo"]), pytest.approx(c["advantage"]["hi"])) in xs
+        b = c["advantage_adjusted"]
+        assert (pytest.approx(b["lo"]), pytest.approx(b["hi"])) in xs
+    bands = [p.vertices[:, 0] for coll in ax.collections for p in coll.get_paths()]
+    assert any(min(v) == pytest.approx(-0.05) and max(v) == pytest.approx(0.05) for v in bands)  # C's delta
+
+
+def test_claims_table_lists_every_claim_and_old_aggregates_read_as_unadjusted(tmp_path):
+    from ropekit.report.experiments import experiments_section
+
+    stored = Path(__file__).resolve().parents[1] / "docs" / "results"
+    sec = experiments_section(tmp_path, stored)
+    html_text = sec["html"]
+    assert "Every claim at a glance" in html_text
+    for f in stored.glob("experiments-*.json"):
+        agg = json.loads(f.read_text())
+        for c in agg["claims"]:
+            assert f"{c['id']}: " in html_text
+    assert "quick, unadjusted" in html_text and "(unadjusted)" in html_text
+    assert all(m["scope"] == "quick, unadjusted" for m in sec["metrics"].values())
+    assert (tmp_path / "exp_crossmodal_forest.png").exists()
