@@ -290,7 +290,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, seed_start=args.seed_start,
                                 replicate=args.replicate, preset=args.preset, device=args.device, out=args.out,
-                                progress=not args.quiet)
+                                progress=not args.quiet, batch_seeds=args.batch_seeds, compile=args.compile)
     print(runner.summary_table(agg))
     print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
     return 0
@@ -352,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--replicate", action="store_true",
                     help="also train a disjoint replication seed set (the same seeds + 10000) and report each "
                          "claim as confirmed only when the replication agrees")
+    ex.add_argument("--batch-seeds", type=int, default=None,
+                    help="train up to this many seeds of a design together as one stacked ensemble "
+                         "(default: the preset's choice; 1 = one run at a time)")
+    ex.add_argument("--compile", action="store_true",
+                    help="run the stacked ensemble through torch.compile (pays a compilation per design)")
     ex.add_argument("--preset", choices=("micro", "quick", "standard", "full"), default="quick",
                     help="micro: seconds (tests); quick: a few-minute look on a CPU (not sized to decide); "
                          "standard: seeds and evaluation sized to decide each claim, <= ~1 h on 2 CPU cores; "

@@ -56,7 +56,9 @@ class Experiment:
     designs: tuple[str, ...]
     presets: dict[str, dict]
     make_model: Callable[[str, dict], nn.Module]
-    sampler: Callable[[dict], Callable[[torch.Generator, int], Batch]]
+    # sampler(cfg)(g, B, layout_g=None) -> Batch: content from g (the run's stream), the batch's layout (when it
+    # varies) from layout_g (a stream shared by every seed; see ropekit.experiments.train.layout_seed)
+    sampler: Callable[[dict], Callable[..., Batch]]
     evaluate: Callable[[nn.Module, dict, torch.device], dict]
     claims: tuple[Claim, ...] = ()
     figures: dict = field(default_factory=dict)
@@ -67,6 +69,8 @@ class Experiment:
     preset_designs: dict = field(default_factory=dict)
     # seeds per design by default at a preset (``standard`` sizes its own from a measured variance budget)
     seeds: dict = field(default_factory=dict)
+    # seeds of a design trained together as one stacked ensemble at a preset (default 1: one at a time)
+    batch_seeds: dict = field(default_factory=dict)
 
 
 @torch.no_grad()

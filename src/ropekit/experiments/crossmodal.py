@@ -46,10 +46,13 @@ def make_model(design: str, cfg: dict) -> Decoder:
 def sampler(cfg: dict):
     t = cfg["task"]
 
-    def sample(g: torch.Generator, B: int):
-        gap = int(torch.randint(t["max_gap"] + 1, (1,), generator=g))
-        if float(torch.rand(1, generator=g)) < t["multi_frac"]:
-            n = t["images"][int(torch.randint(len(t["images"]), (1,), generator=g))]
+    def sample(g: torch.Generator, B: int, layout_g: torch.Generator | None = None):
+        # the layout (gap, number of images) comes from `layout_g`: the training loop passes one stream shared
+        # by every seed, so the seeds of a design can be trained together as one stacked ensemble
+        lg = g if layout_g is None else layout_g
+        gap = int(torch.randint(t["max_gap"] + 1, (1,), generator=lg))
+        if float(torch.rand(1, generator=lg)) < t["multi_frac"]:
+            n = t["images"][int(torch.randint(len(t["images"]), (1,), generator=lg))]
             return image_batch(VOCAB, B, h=t["h"], w=t["w"], gap=gap, images=n, g=g)
         return image_batch(VOCAB, B, h=t["h"], w=t["w"], gap=gap, g=g)
 

@@ -29,7 +29,7 @@ PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": {**TRAIN[p], **_STEPS[
 
 
 def sampler(cfg: dict):
-    return lambda g, B: marker_batch(B, cfg["task"]["grid"], g=g, buckets=BUCKETS)
+    return lambda g, B, layout_g=None: marker_batch(B, cfg["task"]["grid"], g=g, buckets=BUCKETS)
 
 
 def angle_curve(hits: torch.Tensor, angle_deg: torch.Tensor, bins: int = BINS) -> dict:

@@ -126,7 +126,7 @@ def make_model(design: str, cfg: dict) -> PointTransformer:
 
 def sampler(cfg: dict):
     t = cfg["task"]
-    return lambda g, B: scene_batch(B, t["points"], g=g, primitives=t["primitives"], extent=t["extent"],
+    return lambda g, B, layout_g=None: scene_batch(B, t["points"], g=g, primitives=t["primitives"], extent=t["extent"],
                                     noise=t["noise"])
 
 

@@ -26,7 +26,7 @@ PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": TRAIN[p],
 
 def sampler(cfg: dict):
     t = cfg["task"]
-    return lambda g, B: shape_batch(B, t["grid"], g=g, agree=t["agree"])
+    return lambda g, B, layout_g=None: shape_batch(B, t["grid"], g=g, agree=t["agree"])
 
 
 def evaluate(model, cfg: dict, device: torch.device) -> dict:

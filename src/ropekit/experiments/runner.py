@@ -22,12 +22,15 @@ import torch
 from .base import Experiment
 from .registry import get
 from .stats import ALPHA, adjusted_verdicts, mean_interval, paired_verdict, seeds_to_decide
-from .train import TrainConfig, dist_info, train
+from .train import TrainConfig, dist_info, train, train_stacked
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
-           "init_distributed", "seed_sets", "default_seeds", "attach_replication", "REPLICATION_OFFSET"]
+           "init_distributed", "seed_sets", "default_seeds", "attach_replication", "run_one", "run_group", "REPLICATION_OFFSET"]
 
 PRESETS = ("micro", "quick", "standard", "full")
+# seeds of a design trained together by default (a stacked ensemble gives each seed the numbers it gets alone,
+# to float32 rounding, and the same numbers whatever the group size; see ropekit.experiments.ensemble)
+BATCH_SEEDS = {"quick": 8, "standard": 8}
 # replication seeds are the discovery seeds plus this offset: disjoint from any discovery set below it
 REPLICATION_OFFSET = 10_000
 
@@ -225,13 +228,16 @@ def default_seeds(exp: Experiment, preset: str) -> int:
 
 def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, seed_start: int = 0,
                    replicate: bool = False, preset: str = "quick", device: str = "cpu", out: "str | Path" = "experiments",
-                   progress: bool = True) -> dict:
+                   progress: bool = True, batch_seeds: int | None = None, compile: bool = False) -> dict:
     """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate.
 
     Seeds are ``seed_start … seed_start + seeds − 1`` (the discovery set). ``replicate`` also trains the
     disjoint replication set (:func:`seed_sets`; the discovery set too when unfinished), and the aggregate
     then reports each claim's discovery and replication verdicts side by side; a replication set already
-    finished in ``runs.jsonl`` is reported without ``replicate``."""
+    finished in ``runs.jsonl`` is reported without ``replicate``. ``batch_seeds`` trains up to that many
+    seeds of a design together as one stacked ensemble (:func:`run_group`; default: the experiment's
+    ``batch_seeds`` for the preset, else :data:`BATCH_SEEDS`; 1 = one run at a time); ``compile`` passes the ensemble through
+    ``torch.compile``."""
     exp = get(name)
     if preset not in exp.presets:
         raise ValueError(f"unknown preset {preset!r} for {name}; choose one of {', '.join(exp.presets)}")
@@ -242,6 +248,9 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     for d in chosen:
         exp.check_design(d) if exp.check_design else layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
     discovery, replication = seed_sets(seeds if seeds is not None else default_seeds(exp, preset), seed_start)
+    group = exp.batch_seeds.get(preset, BATCH_SEEDS.get(preset, 1)) if batch_seeds is None else batch_seeds
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"`batch_seeds` must be an int >= 1, got {group!r}")
     dev = init_distributed(device)
     rank, _ = dist_info()
     folder = Path(out) / name
@@ -253,7 +262,8 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     todo_seeds = discovery + (replication if replicate else [])
     for design in chosen:
         todo = [s for s in todo_seeds if (design, s) not in done]
-        for rec in _train_design(exp, design, todo, cfg, dev, folder, preset, progress=progress and rank == 0):
+        for rec in _train_design(exp, design, todo, cfg, dev, folder, preset, progress=progress and rank == 0,
+                                 batch_seeds=group, compile=compile):
             rec = {"preset": preset, **rec}
             if rank == 0:
                 with runs_path.open("a") as f:
@@ -276,13 +286,70 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
 
 
 def _train_design(exp: Experiment, design: str, seeds: list[int], cfg: dict, dev: torch.device, folder: Path,
-                  preset: str, *, progress: bool):
-    """Train and evaluate ``design`` at each of ``seeds``; yields each run's record as it finishes."""
+                  preset: str, *, progress: bool, batch_seeds: int = 1, compile: bool = False):
+    """Train and evaluate ``design`` at each of ``seeds``; yields each run's record as it finishes. With
+    ``batch_seeds`` > 1 (and a design the ensemble can stack, in one process) groups of that many seeds are
+    trained together (:func:`run_group`); otherwise one run at a time (:func:`run_one`)."""
+    from .ensemble import supported
+
+    if batch_seeds > 1 and len(seeds) > 1 and dist_info()[1] == 1:
+        reason = supported(exp.make_model(design, cfg))
+        if reason is None:
+            for i in range(0, len(seeds), batch_seeds):
+                group = seeds[i:i + batch_seeds]
+                ckpt = folder / "ckpt" / f"{preset}-{design}-s{group[0]}-{group[-1]}.pt"
+                yield from run_group(exp, design, group, cfg, dev, ckpt=ckpt, progress=progress, compile=compile)
+                ckpt.unlink(missing_ok=True)
+            return
+        if progress:
+            _warn(f"{design}: trained one seed at a time ({reason})")
     for seed in seeds:
         ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
         rec = run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress)
         yield rec
         ckpt.unlink(missing_ok=True)
+
+
+def run_group(exp: Experiment, design: str, seeds: list[int], cfg: dict, device: torch.device, *,
+              ckpt: Path | None = None, progress: bool = False, stop_after: int | None = None,
+              compile: bool = False) -> list[dict]:
+    """:func:`run_one` for several seeds of one design trained together as a stacked ensemble
+    (:func:`ropekit.experiments.train.train_stacked`), each evaluated by ``exp.evaluate`` as its own model
+    (the ensemble answers every evaluation batch for all seeds at once: :class:`~.ensemble.SharedEval`).
+    Each record carries the group's time divided by its size, and ``stacked`` (the group's seeds). An empty
+    list when ``stop_after`` interrupted the training."""
+    from .ensemble import SharedEval
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    models = []
+    for seed in seeds:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            models.append(exp.make_model(design, cfg))
+    tcfg = TrainConfig(**cfg["train"])
+    bar = _bar(f"{design} seeds {seeds[0]}-{seeds[-1]}") if progress else None
+    res = train_stacked(models, exp.sampler(cfg), tcfg, seeds=list(seeds), device=device, ckpt=ckpt, progress=bar,
+                        stop_after=stop_after, compile=compile)
+    if res["stopped"]:
+        return []
+    record: list = []
+    metrics = [exp.evaluate(SharedEval(res["stacked"], k, record), cfg, device) for k in range(len(seeds))]
+    K = len(seeds)
+    out = []
+    for k, seed in enumerate(seeds):
+        losses = res["losses"][k]
+        tail = losses[-max(1, len(losses) // 10):]
+        out.append({"experiment": exp.name, "design": design, "seed": seed, "config": cfg,
+                    "hyperparameters": exp.hyperparameters_note, "metrics": metrics[k],
+                    "final_loss": sum(tail) / len(tail), "losses": losses, "steps": res["steps"],
+                    "train_s": round(res["seconds"] / K, 3), "train_cpu_s": round(res["cpu_seconds"] / K, 3),
+                    "first_step_s": round(res["first_step_s"] / K, 4),
+                    "first_step_cpu_s": round(res["first_step_cpu_s"] / K, 4),
+                    "wall_s": round((time.perf_counter() - t0) / K, 3), "cpu_s": round((time.process_time() - c0) / K, 3),
+                    "stacked": list(seeds), "compiled": compile,
+                    "device": str(device), "world_size": 1, "threads": torch.get_num_threads(),
+                    "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return out
 
 
 CONFIRMATION = ("confirmed", "not confirmed", "nothing to confirm")

@@ -24,7 +24,7 @@ PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": TRAIN[p], "eval": {"n"
 
 def sampler(cfg: dict):
     t = cfg["task"]
-    return lambda g, B: shape_batch(B, t["grid"], g=g, agree=t["agree"])
+    return lambda g, B, layout_g=None: shape_batch(B, t["grid"], g=g, agree=t["agree"])
 
 
 def shape_fraction(pred: torch.Tensor, shape: torch.Tensor, texture: torch.Tensor) -> float:

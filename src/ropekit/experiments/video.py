@@ -42,9 +42,10 @@ def make_model(design: str, cfg: dict) -> Decoder:
 def sampler(cfg: dict):
     t = cfg["task"]
 
-    def sample(g: torch.Generator, B: int):
-        frames = t["frames"][int(torch.randint(len(t["frames"]), (1,), generator=g))]
-        gap = int(torch.randint(t["max_gap"] + 1, (1,), generator=g))
+    def sample(g: torch.Generator, B: int, layout_g: torch.Generator | None = None):
+        lg = g if layout_g is None else layout_g  # the layout from the stream shared by all seeds (see crossmodal)
+        frames = t["frames"][int(torch.randint(len(t["frames"]), (1,), generator=lg))]
+        gap = int(torch.randint(t["max_gap"] + 1, (1,), generator=lg))
         return video_batch(VOCAB, B, t=frames, h=t["h"], w=t["w"], gap=gap, g=g)
 
     return sample

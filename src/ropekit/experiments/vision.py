@@ -29,6 +29,7 @@ from ..rope import DirectionalRoPE, RoPE
 from ..rotations.directional import METHODS
 from ..rotations.mixed import MixedFrequencies
 from .geope_sweep import geope_lambda
+from .models import cached_tables
 
 __all__ = ["FAMILIES", "POOLS", "check_family", "VisionViT", "AttentionPool", "grid_coords", "length_temperature"]
 
@@ -64,7 +65,7 @@ class _Attention(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.linear_geope = heads, dim // heads, family == "linear-geope"
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.rotary = _rotary(family, self.head_dim, heads, layer)
+        self.rotary = cached_tables(_rotary(family, self.head_dim, heads, layer))
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, temp: float = 1.0) -> torch.Tensor:
         B, L, _ = x.shape
@@ -167,7 +168,9 @@ class VisionViT(nn.Module):
         if self.pos is not None:
             pos = self.pos if self.pos.shape[-2:] == (gh, gw) else F.interpolate(
                 self.pos, size=(gh, gw), mode="bilinear", align_corners=False)
-            x = x + pos
+            # one table (1, D, h, w) broadcasts over the batch; a stacked ensemble's (K, D, h, w) adds table k
+            # to model k's block of rows (ropekit.experiments.ensemble)
+            x = (x.view(pos.shape[0], -1, *x.shape[1:]) + pos.unsqueeze(1)).view(x.shape)
         x = x.flatten(2).transpose(1, 2)
         coords = grid_coords(gh, gw, x.device)
         temp = length_temperature(gh * gw, self.train_tokens) if self.length_scale else 1.0
