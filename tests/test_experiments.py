@@ -434,3 +434,65 @@ def test_claims_table_lists_every_claim_and_old_aggregates_read_as_unadjusted(tm
     assert "quick, unadjusted" in html_text and "(unadjusted)" in html_text
     assert all(m["scope"] == "quick, unadjusted" for m in sec["metrics"].values())
     assert (tmp_path / "exp_crossmodal_forest.png").exists()
+
+
+# --- variance split -------------------------------------------------------------------------------------
+
+def test_variance_split_matches_the_textbook_anova_and_recovers_known_components():
+    from ropekit.experiments.variance import eval_scale_for, split
+
+    x = [[0.50, 0.52, 0.47], [0.61, 0.58, 0.60], [0.40, 0.45, 0.43], [0.55, 0.52, 0.56]]
+    S, R = 4, 3
+    # one-way random-effects ANOVA (e.g. Searle, Casella & McCulloch): MS_between = R * sum (mean_s - grand)^2
+    # / (S - 1), MS_within = sum (x - mean_s)^2 / (S (R - 1)); sigma2_seed = (MS_between - MS_within) / R
+    means = [sum(r) / R for r in x]
+    grand = sum(means) / S
+    msb = R * sum((m - grand) ** 2 for m in means) / (S - 1)
+    msw = sum((v - m) ** 2 for r, m in zip(x, means) for v in r) / (S * (R - 1))
+    s = split(x)
+    assert s["sd_eval"] ** 2 == pytest.approx(msw, rel=1e-12)
+    assert s["sd_seed"] ** 2 == pytest.approx((msb - msw) / R, rel=1e-12)
+    assert s["mean"] == pytest.approx(grand)
+    # simulated: seed sd 0.05, evaluation sd 0.02, many seeds and draws -> both recovered
+    g = torch.Generator().manual_seed(0)
+    a = 0.05 * torch.randn(400, 1, generator=g, dtype=torch.float64)
+    e = 0.02 * torch.randn(400, 8, generator=g, dtype=torch.float64)
+    s = split((0.5 + a + e).tolist())
+    assert s["sd_seed"] == pytest.approx(0.05, rel=0.1) and s["sd_eval"] == pytest.approx(0.02, rel=0.05)
+    assert s["eval_share"] == pytest.approx(0.0004 / 0.0029, rel=0.2)
+    with pytest.raises(ValueError):
+        split([[1.0, 2.0]])
+    # evaluation variance 0.03^2 against seed variance 0.03^2: a 9x larger set brings it to 10 % of the total
+    assert eval_scale_for(0.03, 0.03) == pytest.approx(9.0)
+    assert eval_scale_for(0.001, 0.03) == 1.0
+
+
+def test_paired_designs_share_training_batches_and_evaluation_inputs(monkeypatch):
+    from ropekit.experiments.variance import check_pairing
+
+    res = check_pairing("crossmodal", ["mrope", "circle"], preset="micro", steps=5)
+    assert res["paired"] and len(set(res["train"].values())) == 1 and len(set(res["eval"].values())) == 1
+    res = check_pairing("resolution", ["axial", "geope"], preset="micro", steps=3)
+    assert res["paired"]
+    # negative control: a sampler that draws differently on each construction is caught
+    exp = get("crossmodal")
+    calls = []
+    original = exp.sampler
+
+    def drifting(cfg):
+        calls.append(1)
+        inner = original(cfg)
+        return lambda g, B, layout_g=None: inner(torch.Generator().manual_seed(len(calls)), B, layout_g)
+
+    monkeypatch.setattr(exp, "sampler", drifting)
+    assert not check_pairing("crossmodal", ["mrope", "circle"], preset="micro", steps=2)["paired"]
+
+
+def test_variance_cli_on_micro(tmp_path, capsys):
+    assert main(["experiment", "crossmodal", "--preset", "micro", "--variance", "2", "--seeds", "2", "--designs",
+                 "mrope,circle", "--out", str(tmp_path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "sd_seed" in out and "share training batches and evaluation inputs: yes" in out
+    res = json.loads((tmp_path / "crossmodal" / "variance-micro.json").read_text())
+    assert set(res["claims"]) <= {c.id for c in get("crossmodal").claims} and res["draws"] == 2
+    assert res["eval_seeds"][0] == 20240917  # draw 0 is the evaluation set of every run

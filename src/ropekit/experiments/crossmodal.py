@@ -66,7 +66,7 @@ def _chunks(n: int, size: int = 256) -> list[int]:
 def evaluate(model, cfg: dict, device: torch.device) -> dict:
     t, e = cfg["task"], cfg["eval"]
     h, w, n = t["h"], t["w"], e["n"]
-    g = torch.Generator().manual_seed(EVAL_SEED)
+    g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
     in_gaps = range(t["max_gap"] + 1)
     # per-cell accuracy of the location questions (at, where), training distribution of gaps
     located = [image_batch(VOCAB, m, h=h, w=w, gap=gap, kinds=("at", "where"), g=g)

@@ -41,7 +41,7 @@ def angle_curve(hits: torch.Tensor, angle_deg: torch.Tensor, bins: int = BINS) -
 
 
 def evaluate(model, cfg: dict, device: torch.device) -> dict:
-    g = torch.Generator().manual_seed(EVAL_SEED)
+    g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
     b = marker_batch(cfg["eval"]["n"], cfg["task"]["grid"], g=g, buckets=BUCKETS)
     hits = correct(model, b, device)
     curve = angle_curve(hits, b.info["angle"])

@@ -142,7 +142,7 @@ def _scores(model, batch, device) -> tuple[float, float]:
 def evaluate(model, cfg: dict, device: torch.device) -> dict:
     t, e = cfg["task"], cfg["eval"]
     f = e["large_factor"]
-    g = torch.Generator().manual_seed(EVAL_SEED)
+    g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
     miou, acc = _scores(model, scene_batch(e["scenes"], t["points"], g=g, primitives=t["primitives"],
                                            extent=t["extent"], noise=t["noise"]), device)
     big = scene_batch(e["scenes"], t["points"] * f, g=g, primitives=t["primitives"] * f, extent=t["extent"] * f,

@@ -33,7 +33,7 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
     t, e = cfg["task"], cfg["eval"]
     out = {}
     for mode in ("zoom", "canvas"):
-        g = torch.Generator().manual_seed(EVAL_SEED)
+        g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
         out[f"acc_vs_grid_{mode}"] = {  # at the training grid both modes render the same scenes: drawn once
             str(n): out["acc_vs_grid_zoom"][str(n)] if mode == "canvas" and n == t["grid"] else
             accuracy(model, [shape_batch(e["n"], n, g=g, agree=t["agree"], mode=mode, train_grid=t["grid"])], device)

@@ -36,7 +36,7 @@ def shape_fraction(pred: torch.Tensor, shape: torch.Tensor, texture: torch.Tenso
 @torch.no_grad()
 def evaluate(model, cfg: dict, device: torch.device) -> dict:
     t, n = cfg["task"], cfg["eval"]["n"]
-    g = torch.Generator().manual_seed(EVAL_SEED)
+    g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
     clean = shape_batch(n, t["grid"], g=g, agree=1.0)
     conflict = shape_batch(n, t["grid"], g=g, conflict=True)
     pred = model(conflict.tokens.to(device)).argmax(-1).cpu()

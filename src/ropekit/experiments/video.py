@@ -54,7 +54,7 @@ def sampler(cfg: dict):
 def evaluate(model, cfg: dict, device: torch.device) -> dict:
     t, e = cfg["task"], cfg["eval"]
     h, w, n, gap = t["h"], t["w"], e["n"], t["max_gap"] // 2
-    g = torch.Generator().manual_seed(EVAL_SEED)
+    g = torch.Generator().manual_seed(cfg["eval"].get("seed", EVAL_SEED))
     train_batches = [video_batch(VOCAB, n, t=f, h=h, w=w, gap=gap, g=g) for f in t["frames"]]
     hits = torch.cat([correct(model, b, device) for b in train_batches])
     heat = cell_map(hits, torch.cat([b.info["cell"] for b in train_batches]), h, w)
