@@ -109,6 +109,11 @@ def test_seeds_needed_from_the_spread():
     assert seeds_for_power(1.0, 1.0, power=0.8) == 10
     assert seeds_to_decide(0.05, 0.02, m=7) > 99  # a family needs more
     assert seeds_to_decide(float("nan"), 0.02) is None
+    # the inverse: R's power.t.test(n = 10, sd = 1, power = 0.8, type = "paired") gives delta = 0.994 (exact
+    # noncentral t); the normal-shift approximation used here is within 0.002 of it
+    from ropekit.experiments.stats import detectable_effect
+    assert detectable_effect(1.0, 10) == pytest.approx(0.994, abs=2e-3)
+    assert detectable_effect(0.05, 99, m=7) > detectable_effect(0.05, 99)
 
 
 def test_mean_interval_by_hand():

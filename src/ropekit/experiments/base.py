@@ -18,7 +18,7 @@ from torch import nn
 
 from .tasks import Batch
 
-__all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread"]
+__all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread", "claim_designs"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,17 @@ class Experiment:
     check_design: Callable[[str], object] | None = None
     # designs run by default at one preset on top of ``designs`` (e.g. GeoPE's λ sweep in ``full``)
     preset_designs: dict = field(default_factory=dict)
+    # designs run by default at a preset *instead of* ``designs`` (``standard`` runs the claims' designs only)
+    designs_at: dict = field(default_factory=dict)
     # seeds per design by default at a preset (``standard`` sizes its own from a measured variance budget)
     seeds: dict = field(default_factory=dict)
     # seeds of a design trained together as one stacked ensemble at a preset (default 1: one at a time)
     batch_seeds: dict = field(default_factory=dict)
+
+
+def claim_designs(claims) -> tuple[str, ...]:
+    """The designs the claims compare, in order of first mention."""
+    return tuple(dict.fromkeys(d for c in claims for d in (c.design, c.baseline)))
 
 
 @torch.no_grad()

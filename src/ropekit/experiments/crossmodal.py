@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Claim, Experiment, accuracy, cell_map, correct, spread
+from .base import Claim, Experiment, accuracy, cell_map, claim_designs, correct, spread
 from .models import Decoder
 from .registry import register
 from .tasks.grids import KINDS, grid_vocab, image_batch
@@ -33,6 +33,14 @@ PRESETS = {
     "quick": {"model": {"dim": 64, "depth": 3, "heads": 4}, "task": _TASK,
               "train": {"steps": 800, "batch": 32, "lr": 3e-3, "warmup": 50, "ckpt_every": 200},
               "eval": {"n": 256, "gaps": [0, 4, 8, 16, 32], "grids": [3, 4, 5], "images": [2, 3, 4]}},
+    # the quick model and training (the hyper-parameters chosen on vanilla), sized to decide: evaluation sets 16x
+    # quick's for the conditions the claims read (their evaluation noise then adds <= 20 % of a run's variance,
+    # measured), figure-only conditions at quick's size, 20 seeds (80 % power for delta = 0.02 at Holm's first
+    # level on C1, C2, C4 and C5 at the measured spread; docs/experiments.md, "variance budget")
+    "standard": {"model": {"dim": 64, "depth": 3, "heads": 4}, "task": _TASK,
+                 "train": {"steps": 800, "batch": 32, "lr": 3e-3, "warmup": 50, "ckpt_every": 200},
+                 "eval": {"n": 4096, "n_curve": 256, "gaps": [0, 4, 8, 16, 32], "grids": [3, 4, 5],
+                          "images": [2, 3, 4]}},
     "full": {"model": {"dim": 256, "depth": 8, "heads": 8}, "task": _TASK,
              "train": {"steps": 6000, "batch": 256, "lr": 1e-3, "warmup": 300, "ckpt_every": 1000},
              "eval": {"n": 2048, "gaps": [0, 4, 8, 16, 32, 64], "grids": [3, 4, 6, 8], "images": [2, 3, 4]}},
@@ -79,11 +87,16 @@ def evaluate(model, cfg: dict, device: torch.device) -> dict:
     kinds = torch.cat([b.info["kind"] for b in mixed])
     by_kind = {f"acc_{k}": float(mixed_hits[kinds == KINDS.index(k)].float().mean())
                for k in ("at", "present", "where")}
-    vs_gap = {str(gap): accuracy(model, [image_batch(VOCAB, m, h=h, w=w, gap=gap, g=g) for m in _chunks(n)], device)
+    # conditions no claim reads (the in-range gaps, the smaller grids) are drawn for the figures only, at
+    # `n_curve` samples (default n)
+    n_curve = e.get("n_curve", n)
+    vs_gap = {str(gap): accuracy(model, [image_batch(VOCAB, m, h=h, w=w, gap=gap, g=g)
+                                         for m in _chunks(n if gap > t["max_gap"] else n_curve)], device)
               for gap in e["gaps"]}
     long = [float(a) for gp, a in vs_gap.items() if int(gp) > t["max_gap"]]
     vs_grid = {f"{s}x{s}": accuracy(model, [image_batch(VOCAB, m, h=s, w=s, gap=t["max_gap"] // 2, g=g,
-                                                        kinds=("at", "present"), at_side=h) for m in _chunks(n)], device)
+                                                        kinds=("at", "present"), at_side=h)
+                                            for m in _chunks(n if s == max(e["grids"]) else n_curve)], device)
                for s in e["grids"]}
     multi = {str(k): accuracy(model, [image_batch(VOCAB, m, h=h, w=w, gap=t["max_gap"] // 2, images=k, g=g)
                                       for m in _chunks(n)], device) for k in e["images"]}
@@ -130,4 +143,5 @@ EXPERIMENT = register(Experiment(
                                                "acc_vs_grid": "image grid (trained on 3x3)",
                                                "acc_vs_images": "number of images (which-image question)"}},
     hyperparameters_note="chosen once on vanilla (quick preset); identical for every design",
+    designs_at={"standard": claim_designs(CLAIMS)}, seeds={"standard": 20},
 ))

@@ -179,8 +179,10 @@ def _done_runs(path: Path, preset: str, cfg: dict, *, repair: bool = False, warn
 
 
 def default_designs(exp: Experiment, preset: str) -> list[str]:
-    """The designs run when none are named: the experiment's own, then those its preset adds (in order, once)."""
-    return list(dict.fromkeys(exp.designs + tuple(exp.preset_designs.get(preset, ()))))
+    """The designs run when none are named: the experiment's own (or the preset's own list, ``designs_at``),
+    then those its preset adds (in order, once)."""
+    own = tuple(exp.designs_at.get(preset, exp.designs))
+    return list(dict.fromkeys(own + tuple(exp.preset_designs.get(preset, ()))))
 
 
 def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.device, *, ckpt: Path | None = None,

@@ -27,6 +27,7 @@ from typing import Sequence
 
 __all__ = ["t_cdf", "t_quantile", "t_quantile_975", "betainc", "mean_interval", "paired_test", "holm",
            "verdict_from_interval", "paired_verdict", "adjusted_verdicts", "seeds_to_decide", "seeds_for_power",
+           "detectable_effect",
            "VERDICTS", "ALPHA"]
 
 VERDICTS = ("reproduced", "contradicted", "no effect", "inconclusive")
@@ -293,3 +294,12 @@ def seeds_for_power(sd: float, delta: float, power: float = 0.8, alpha: float = 
     start = int(((_z(q) + _z(power)) * sd / delta) ** 2)
     return _smallest_n(lambda n: (t_quantile(q, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n) <= delta,
                        start, max_n)
+
+
+def detectable_effect(sd: float, n: int, power: float = 0.8, alpha: float = ALPHA, m: int = 1) -> float:
+    """Smallest true paired difference that ``n`` seeds detect with probability ``power`` at two-sided level
+    alpha/m, for a per-seed spread ``sd``: (t_{1−α/2m, n−1} + t_{power, n−1}) · sd/√n (as :func:`seeds_for_power`)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"`n` must be an int >= 2, got {n!r}")
+    q = 1.0 - alpha / (2 * m)
+    return (t_quantile(q, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
