@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Claim, Experiment, correct
+from .base import Claim, Experiment, claim_designs, correct
 from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import marker_batch
@@ -23,9 +23,9 @@ DESIGNS = tuple(f for f in FAMILIES if f != "linear-geope")
 # Chosen on axial RoPE only: on an 8×8 grid with 250 steps the quick model stayed at chance (0.11); on 6×6
 # with 400 steps axial reaches 0.78–0.81 (docs/experiments.md, "hyper-parameter check").
 _TASK = {"grid": 6}
-_STEPS = {"micro": {}, "quick": {"steps": 400, "warmup": 40}, "full": {}}
+_STEPS = {"micro": {}, "quick": {"steps": 400, "warmup": 40}, "standard": {"steps": 400, "warmup": 40}, "full": {}}
 PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": {**TRAIN[p], **_STEPS[p]}, "eval": {"n": n}}
-           for p, n in (("micro", 32), ("quick", 1024), ("full", 8192))}
+           for p, n in (("micro", 32), ("quick", 1024), ("standard", 8192), ("full", 8192))}
 
 
 def sampler(cfg: dict):
@@ -71,4 +71,5 @@ EXPERIMENT = register(Experiment(
     figures={"polar": "acc_vs_angle", "curves": {"acc_vs_angle": "direction of target from anchor (degrees)"},
              "lambda": ["acc", "angle_spread"]},
     preset_designs={"full": SWEEP},
+    designs_at={"standard": claim_designs(CLAIMS)}, seeds={"standard": 40},
 ))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Claim, Experiment, accuracy
+from .base import Claim, Experiment, accuracy, claim_designs
 from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import SHAPES, TEXTURES, shape_batch
@@ -21,7 +21,8 @@ DESIGNS = tuple(f for f in FAMILIES if f != "linear-geope")
 _TASK = {"grid": 8, "agree": 1.0 / len(TEXTURES)}  # texture independent of shape: chance agreement only
 PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": TRAIN[p],
                "eval": {"n": n, "grids": grids}}
-           for p, n, grids in (("micro", 8, [8, 12]), ("quick", 96, [8, 12, 16]), ("full", 1024, [8, 12, 16, 24, 32]))}
+           for p, n, grids in (("micro", 8, [8, 12]), ("quick", 96, [8, 12, 16]), ("standard", 2048, [8, 12, 16]),
+                               ("full", 1024, [8, 12, 16, 24, 32]))}
 
 
 def sampler(cfg: dict):
@@ -76,4 +77,5 @@ EXPERIMENT = register(Experiment(
                         "acc_vs_grid_canvas": "patch grid side, same-size objects on a larger canvas (trained at 8)"},
              "lambda": ["acc", "acc_zoom_max"]},
     preset_designs={"full": SWEEP},
+    designs_at={"standard": claim_designs(CLAIMS)}, seeds={"standard": 36},
 ))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Claim, Experiment, accuracy
+from .base import Claim, Experiment, accuracy, claim_designs
 from .geope_sweep import SWEEP
 from .registry import register
 from .tasks.shapes import SHAPES, shape_batch
@@ -19,7 +19,7 @@ EVAL_SEED = 20250303
 DESIGNS = tuple(f for f in FAMILIES if f != "linear-geope")
 _TASK = {"grid": 8, "agree": 0.8}
 PRESETS = {p: {"model": MODEL[p], "task": _TASK, "train": TRAIN[p], "eval": {"n": n}}
-           for p, n in (("micro", 16), ("quick", 512), ("full", 4096))}
+           for p, n in (("micro", 16), ("quick", 512), ("standard", 4096), ("full", 4096))}
 
 
 def sampler(cfg: dict):
@@ -64,4 +64,5 @@ EXPERIMENT = register(Experiment(
     evaluate=evaluate, claims=CLAIMS, check_design=check_family, hyperparameters_note=HYPERPARAMETERS_NOTE,
     figures={"bars": ["shape_bias", "clean_acc"], "lambda": ["shape_bias", "clean_acc"]},
     preset_designs={"full": SWEEP},
+    designs_at={"standard": claim_designs(CLAIMS)}, seeds={"standard": 60},
 ))

@@ -185,9 +185,11 @@ HYPERPARAMETERS_NOTE = ("chosen once on axial RoPE (quick preset): mean pooling 
                         "over attention pooling, 6x6 grid and 400 steps for isotropy; identical for every family")
 MODEL = {"micro": {"dim": 24, "depth": 1, "heads": 2}, "quick": {"dim": 48, "depth": 3, "heads": 2},
          "full": {"dim": 192, "depth": 6, "heads": 4}}
+MODEL["standard"] = MODEL["quick"]  # standard: quick's model and training, more seeds and larger evaluation sets
 TRAIN = {"micro": {"steps": 6, "batch": 8, "lr": 3e-3, "warmup": 2},
          "quick": {"steps": 250, "batch": 32, "lr": 2e-3, "warmup": 25, "ckpt_every": 100},
          "full": {"steps": 5000, "batch": 256, "lr": 1e-3, "warmup": 250, "ckpt_every": 1000}}
+TRAIN["standard"] = TRAIN["quick"]
 
 
 def make_vision_model(classes: int):
