@@ -501,3 +501,21 @@ def test_variance_cli_on_micro(tmp_path, capsys):
     res = json.loads((tmp_path / "crossmodal" / "variance-micro.json").read_text())
     assert set(res["claims"]) <= {c.id for c in get("crossmodal").claims} and res["draws"] == 2
     assert res["eval_seeds"][0] == 20240917  # draw 0 is the evaluation set of every run
+
+
+def test_standard_presets_reuse_quick_hyperparameters_and_run_the_claims_designs():
+    from ropekit.experiments import experiments
+
+    for name in experiments():
+        exp = get(name)
+        std, quick = exp.presets["standard"], exp.presets["quick"]
+        # one set of hyper-parameters: the model, the training and the task are quick's
+        assert std["model"] == quick["model"] and std["task"] == quick["task"]
+        assert {k: v for k, v in std["train"].items() if k != "ckpt_every"} == \
+               {k: v for k, v in quick["train"].items() if k != "ckpt_every"}
+        designs = runner.default_designs(exp, "standard")
+        assert set(designs) == {d for c in exp.claims for d in (c.design, c.baseline)}
+        assert runner.default_seeds(exp, "standard") >= 20
+        assert runner.default_seeds(exp, "quick") == 3 and runner.default_designs(exp, "quick")[0] == exp.designs[0]
+        for c in exp.claims:
+            assert 0 < c.delta <= 0.02 and c.delta_reason  # accuracy-type metrics: delta <= 0.02
