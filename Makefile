@@ -47,7 +47,7 @@ LOCK_VENV := .venv-lock
 fresh_venv = rm -rf $(1) && $(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
 	&& $(1)/bin/python -m pip install -q $(TORCH_FROM)"$(TORCH_SPEC)"
 
-.PHONY: demo test bench bench-quick setup clean experiments lock test-compat compat-newest
+.PHONY: demo test bench bench-quick setup clean experiments experiments-standard lock test-compat compat-newest
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,7 +76,8 @@ demo: $(BASE_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests
 
-# quick preset of every experiment (3 seeds each; sized for <= 7 min per experiment on 2 CPU cores), then the report
+# quick preset of every experiment (3 seeds each; a few-minute look per experiment on 2 CPU cores, not sized to
+# decide the claims), then the report
 experiments: $(BASE_STAMP)
 	$(VENV)/bin/ropekit experiment crossmodal --preset quick --out experiments/
 	$(VENV)/bin/ropekit experiment video --preset quick --out experiments/
@@ -84,6 +85,15 @@ experiments: $(BASE_STAMP)
 	$(VENV)/bin/ropekit experiment isotropy --preset quick --threads 1 --out experiments/
 	$(VENV)/bin/ropekit experiment shape-bias --preset quick --threads 1 --out experiments/
 	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
+
+# standard preset of every experiment with its replication (seeds and evaluation sizes from the measured variance
+# budget in docs/experiments.md; about an hour per experiment and as much again for the replication, on 2 CPU
+# cores; resumable: rerun to continue), then the report
+experiments-standard: $(BASE_STAMP)
+	for name in crossmodal video resolution isotropy shape-bias pointcloud; do \
+	  $(VENV)/bin/ropekit experiment $$name --preset standard --threads 1 --replicate --out experiments-standard/ || exit 1; \
+	done
+	$(VENV)/bin/ropekit report --out report/ --experiments experiments-standard/
 
 # every benchmark (docs/benchmarks.md)
 bench: $(BENCH_STAMP)

@@ -13,7 +13,9 @@ import torch
 
 from ropekit.cli import main
 from ropekit.experiments import get, runner
-from ropekit.experiments.stats import mean_interval, paired_verdict, t_quantile_975
+from ropekit.experiments.stats import (adjusted_verdicts, holm, mean_interval, paired_test, paired_verdict,
+                                      seeds_for_power, seeds_to_decide, t_cdf, t_quantile, t_quantile_975,
+                                      verdict_from_interval)
 from ropekit.experiments.tasks.grids import KINDS, grid_vocab, image_batch, video_batch
 
 V = grid_vocab()
@@ -26,18 +28,102 @@ def test_t_quantiles_match_published_table():
     assert t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     assert t_quantile_975(2) == pytest.approx(4.303, abs=1e-3)
     assert t_quantile_975(9) == pytest.approx(2.262, abs=1e-3)
-    assert t_quantile_975(1000) == pytest.approx(1.960, abs=1e-3)
+    assert t_quantile_975(1000) == pytest.approx(1.962, abs=1e-3)
     with pytest.raises(ValueError, match="df"):
         t_quantile_975(0)
 
 
+@pytest.mark.parametrize("p,df,table", [(0.95, 10, 1.812), (0.995, 5, 4.032), (0.9995, 30, 3.646),
+                                        (0.99, 20, 2.528), (0.999, 3, 10.215), (0.9, 1, 3.078), (0.975, 60, 2.000)])
+def test_t_quantile_at_other_levels_matches_published_tables(p, df, table):
+    assert t_quantile(p, df) == pytest.approx(table, abs=1e-3)
+    assert t_quantile(1 - p, df) == pytest.approx(-table, abs=1e-3)  # symmetry
+    assert t_cdf(table, df) == pytest.approx(p, abs=1e-4)  # tables round to 3 decimals
+
+
+def test_t_cdf_matches_the_closed_forms_at_one_and_two_df():
+    # df = 1 is the Cauchy distribution; df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    for t in (-30.0, -2.5, -0.3, 0.0, 0.7, 4.0, 100.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    with pytest.raises(ValueError, match="df"):
+        t_cdf(1.0, 0)
+    with pytest.raises(ValueError, match="probability"):
+        t_quantile(1.0, 5)
+
+
+def test_paired_t_test_on_students_sleep_data():
+    # Cushny & Peebles' sleep data as in R: t.test(extra ~ group, data = sleep, paired = TRUE) reports
+    # t = -4.0621, df = 9, p-value = 0.002833, 95 % CI (-2.4598858, -0.7001142) for group 1 - group 2
+    d = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]  # group 2 - group 1
+    t = paired_test(d)
+    assert t["t"] == pytest.approx(4.0621, abs=1e-4) and t["p"] == pytest.approx(0.002833, abs=1e-6)
+    iv = mean_interval(d)
+    assert (iv["lo"], iv["hi"]) == (pytest.approx(0.7001142, abs=1e-6), pytest.approx(2.4598858, abs=1e-6))
+    assert paired_test([0.1])["p"] == 1.0  # one seed decides nothing
+    assert paired_test([0.1, 0.1])["p"] == 0.0 and paired_test([0.0, 0.0])["p"] == 1.0
+
+
+def test_holm_on_textbook_examples():
+    # Wikipedia's Holm-Bonferroni example: p = 0.01, 0.04, 0.03, 0.005 at alpha 0.05 rejects H1 and H4 only
+    adj = holm([0.01, 0.04, 0.03, 0.005])
+    assert [a <= 0.05 for a in adj] == [True, False, False, True]
+    assert adj == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # by hand: sorted 0.01..0.05 times 5, 4, 3, 2, 1 = 0.05, 0.08, 0.09, 0.08, 0.05, then running maximum
+    assert holm([0.05, 0.04, 0.03, 0.02, 0.01]) == pytest.approx([0.09, 0.09, 0.09, 0.08, 0.05])
+    assert holm([0.4, 0.9]) == pytest.approx([0.8, 0.9]) and holm([]) == []
+    with pytest.raises(ValueError):
+        holm([1.5])
+
+
+def test_four_verdicts_from_an_interval():
+    assert verdict_from_interval(0.01, 0.05, 0.02) == "reproduced"
+    assert verdict_from_interval(-0.05, -0.01, 0.02) == "contradicted"
+    assert verdict_from_interval(-0.015, 0.012, 0.02) == "no effect"
+    assert verdict_from_interval(-0.015, 0.03, 0.02) == "inconclusive"
+    assert verdict_from_interval(-0.015, 0.012, None) == "inconclusive"
+
+
+def test_adjusted_verdicts_hold_the_family_wise_level():
+    # claim 0 alone would be reproduced (p = 0.0028 for the sleep data); claim 1 has p between 0.05/2 and 0.05
+    sleep = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]
+    weak = [0.5, -0.1, 0.4, 0.3, 0.6, 0.0, 0.2, -0.2, 0.5, 0.1]
+    flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001, 0.002, -0.002]
+    p_weak = paired_test(weak)["p"]
+    assert 0.025 < p_weak < 0.05 and paired_verdict(weak, [0.0] * 10, delta=0.02)["verdict"] == "reproduced"
+    rows = adjusted_verdicts([sleep, weak, flat], [0.5, 0.02, 0.02])
+    assert [r["verdict"] for r in rows] == ["reproduced", "inconclusive", "no effect"]
+    assert rows[1]["p_holm"] == pytest.approx(max(2 * p_weak, 3 * paired_test(sleep)["p"]))
+    # the Bonferroni interval is the t-interval at level 1 - 0.05/3: quantile t(1 - 0.05/6, 9)
+    iv = rows[2]["interval"]
+    sd = paired_test(flat)["sd"]
+    assert iv["hi"] - iv["mean"] == pytest.approx(t_quantile(1 - 0.05 / 6, 9) * sd / math.sqrt(10))
+    assert rows[0]["level"] == pytest.approx(1 - 0.05 / 3)
+
+
+def test_seeds_needed_from_the_spread():
+    # half-width t(0.975, n-1) * 0.05 / sqrt(n) < 0.01: t(97) = 1.9847 -> 0.2005 (too wide), t(98) = 1.9845 ->
+    # 0.1995 at n = 99 (published t table values)
+    assert seeds_to_decide(0.05, 0.02) == 99
+    # R: power.t.test(delta = 1, sd = 1, type = "paired", power = 0.8) gives n = 9.94, i.e. 10 pairs
+    assert seeds_for_power(1.0, 1.0, power=0.8) == 10
+    assert seeds_to_decide(0.05, 0.02, m=7) > 99  # a family needs more
+    assert seeds_to_decide(float("nan"), 0.02) is None
+    # the inverse: R's power.t.test(n = 10, sd = 1, power = 0.8, type = "paired") gives delta = 0.994 (exact
+    # noncentral t); the normal-shift approximation used here is within 0.002 of it
+    from ropekit.experiments.stats import detectable_effect
+    assert detectable_effect(1.0, 10) == pytest.approx(0.994, abs=2e-3)
+    assert detectable_effect(0.05, 99, m=7) > detectable_effect(0.05, 99)
+
+
 def test_mean_interval_by_hand():
-    # values 1, 2, 3: mean 2, sample sd 1, se 1/sqrt(3), t(2) = 4.303 -> half-width 2.4843
+    # values 1, 2, 3: mean 2, sample sd 1, se 1/sqrt(3); the 97.5 % point of t with 2 df solves
+    # t / sqrt(2 + t^2) = 0.95, i.e. t = sqrt(2 / (1 - 0.95^2) - 2) = 4.302653 -> half-width 2.48414
     r = mean_interval([1.0, 2.0, 3.0])
     assert r["mean"] == pytest.approx(2.0)
     assert r["sd"] == pytest.approx(1.0)
-    assert r["hi"] - r["mean"] == pytest.approx(4.303 / math.sqrt(3), rel=1e-6)
-    assert r["mean"] - r["lo"] == pytest.approx(2.4843, abs=1e-4)
+    assert r["hi"] - r["mean"] == pytest.approx(math.sqrt(2 / (1 - 0.95 ** 2) - 2) / math.sqrt(3), rel=1e-9)
+    assert r["mean"] - r["lo"] == pytest.approx(2.48414, abs=1e-5)
     with pytest.raises(ValueError, match="empty"):
         mean_interval([])
     with pytest.raises(ValueError, match="finite"):
@@ -52,6 +138,8 @@ def test_paired_verdicts_follow_the_interval():
     assert paired_verdict([0.4, 0.38, 0.39], [0.5, 0.5, 0.5], "lower")["verdict"] == "reproduced"
     # differences +0.1, -0.1, +0.05 straddle 0 -> inconclusive
     assert paired_verdict([0.6, 0.4, 0.55], [0.5, 0.5, 0.5])["verdict"] == "inconclusive"
+    # differences within +-0.002 and delta 0.02: the interval lies inside +-delta -> no effect
+    assert paired_verdict([0.501, 0.499, 0.5, 0.5], [0.5] * 4, delta=0.02)["verdict"] == "no effect"
     assert paired_verdict([0.9], [0.1])["verdict"] == "inconclusive"  # one seed never decides
     with pytest.raises(ValueError, match="pair"):
         paired_verdict([1.0, 2.0], [1.0])
@@ -149,8 +237,11 @@ def test_micro_preset_end_to_end(tmp_path, name, designs, capsys):
     assert agg["claims"], "claims whose two designs ran get a verdict"
     for c in agg["claims"]:
         a = c["advantage"]
-        expected = "reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else "inconclusive"
-        assert c["verdict"] == expected
+        expected = ("reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else
+                    "no effect" if -c["delta"] < a["lo"] and a["hi"] < c["delta"] else "inconclusive")
+        assert c["verdict_unadjusted"] == expected
+        b = c["advantage_adjusted"]  # the adjusted interval contains the unadjusted one
+        assert b["lo"] <= a["lo"] and a["hi"] <= b["hi"]
     out = capsys.readouterr().out
     assert "advantage" in out and name in out
     # the report section draws the heat maps and curves and lists every verdict with its interval
@@ -231,3 +322,200 @@ def test_finished_runs_are_reused_only_for_the_same_configuration(tmp_path):
     assert list(runner._done_runs(path, "micro", {**cfg, "train": {"steps": 3, "ckpt_every": 5}})) == [("mrope", 0)]
     assert runner._done_runs(path, "micro", {**cfg, "train": {"steps": 4, "ckpt_every": 0}}) == {}
     assert runner._done_runs(path, "quick", cfg) == {}
+
+
+# --- seed ranges and replication ----------------------------------------------------------------------
+
+def test_seed_sets_are_ranges_and_replication_is_disjoint():
+    disc, rep = runner.seed_sets(8, 100)
+    assert disc == list(range(100, 108)) and rep == [runner.REPLICATION_OFFSET + s for s in disc]
+    assert not set(disc) & set(rep)
+    with pytest.raises(ValueError, match="below"):
+        runner.seed_sets(2, runner.REPLICATION_OFFSET - 1)
+    with pytest.raises(ValueError, match="seed_start"):
+        runner.seed_sets(2, -1)
+
+
+def test_replication_confirms_only_the_same_decided_verdict():
+    def row(cid, verdict):
+        iv = {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "sd": 0.0}
+        return {"id": cid, "verdict": verdict, "verdict_unadjusted": verdict, "advantage": iv,
+                "advantage_adjusted": iv, "p": 1.0, "p_holm": 1.0, "seeds": [10000, 10001], "design_mean": 0.0,
+                "baseline_mean": 0.0}
+    disc = [row("A", "reproduced"), row("B", "reproduced"), row("C", "no effect"), row("D", "inconclusive")]
+    rep = [row("A", "reproduced"), row("B", "inconclusive"), row("C", "no effect"), row("D", "reproduced")]
+    runner.attach_replication(disc, rep)
+    assert [c["confirmation"] for c in disc] == ["confirmed", "not confirmed", "confirmed", "nothing to confirm"]
+    assert disc[3]["replication"]["verdict"] == "reproduced"  # shown, though there was nothing to confirm
+
+
+def test_seed_start_and_replicate_from_the_cli(tmp_path, capsys):
+    args = ["crossmodal", "--designs", "mrope,circle", "--seeds", "2", "--seed-start", "100", "--out", str(tmp_path)]
+    assert _cli(*args) == 0
+    runs = [json.loads(l) for l in (tmp_path / "crossmodal" / "runs.jsonl").read_text().splitlines()]
+    assert sorted({r["seed"] for r in runs}) == [100, 101]
+    agg = json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+    assert agg["seed_list"] == [100, 101] and "replication" not in agg
+    assert _cli(*args, "--replicate") == 0  # trains only the replication set; the discovery runs are reused
+    runs = [json.loads(l) for l in (tmp_path / "crossmodal" / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in runs) == sorted([100, 101, 10100, 10101] * 2)
+    agg = json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+    assert agg["replication"]["seed_list"] == [10100, 10101]
+    # the replication's verdicts are computed from its own seeds only
+    rep = {(r["design"], r["seed"]): r["metrics"] for r in runs}
+    for c in agg["claims"]:
+        r = c["replication"]
+        diffs = [(1 if c["better"] == "higher" else -1) * (rep[(c["design"], s)][c["metric"]]
+                                                            - rep[(c["baseline"], s)][c["metric"]]) for s in (10100, 10101)]
+        assert r["advantage"]["mean"] == pytest.approx(sum(diffs) / 2)
+        assert c["confirmation"] in runner.CONFIRMATION
+    assert "replication (2 other seeds)" in capsys.readouterr().out
+    # a later discovery-only call still reports the finished replication
+    assert _cli(*args) == 0
+    assert "replication" in json.loads((tmp_path / "crossmodal" / "aggregate.json").read_text())
+
+
+# --- report: forest plot and the table of every claim ------------------------------------------------
+
+def _fake_family():
+    """Three claims on made-up per-seed metrics (4 seeds) whose verdicts are known by hand."""
+    from types import SimpleNamespace
+
+    from ropekit.experiments.base import Claim
+
+    claims = (Claim("A", "a beats base", "Paper §1", "acc", "a", "base", delta=0.02, delta_reason="accuracy"),
+              Claim("B", "b beats base", "Paper §2", "acc", "b", "base", delta=0.02, delta_reason="accuracy"),
+              Claim("C", "c is flatter", "Paper §3", "spread", "c", "base", "lower", delta=0.05, delta_reason="std"))
+    base = [0.50, 0.52, 0.48, 0.51]
+    vals = {"base": (base, [0.20, 0.22, 0.18, 0.21]),
+            "a": ([b + d for b, d in zip(base, (0.10, 0.12, 0.11, 0.09))], [0.2] * 4),
+            "b": ([b + d for b, d in zip(base, (0.05, -0.04, 0.06, -0.05))], [0.2] * 4),
+            "c": ([0.5] * 4, [0.21, 0.22, 0.18, 0.20])}
+    runs = [{"design": d, "seed": s, "metrics": {"acc": v[0][i], "spread": v[1][i]}}
+            for d, v in vals.items() for i, s in enumerate((100, 101, 102, 103))]
+    return SimpleNamespace(claims=claims), runs
+
+
+def test_forest_plot_draws_each_claims_interval_band_and_verdict(tmp_path, monkeypatch):
+    from ropekit.report import experiments as rexp
+
+    exp, runs = _fake_family()
+    claims = runner.verdicts(exp, runs)
+    # by hand: A's differences 0.10, 0.12, 0.11, 0.09 -> mean 0.105, sd 0.012910, t(3) = 3.182 (table)
+    a = claims[0]["advantage"]
+    assert a["mean"] == pytest.approx(0.105) and a["hi"] - a["mean"] == pytest.approx(3.182 * 0.012910 / 2, abs=1e-4)
+    assert [c["verdict"] for c in claims] == ["reproduced", "inconclusive", "no effect"]
+    agg = {"experiment": "fake", "preset": "standard", "seeds": 4, "seed_list": [100, 101, 102, 103],
+           "claims": claims}
+    figures = []
+    close = rexp.plt.close
+    monkeypatch.setattr(rexp.plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    cap = rexp.plot_forest(agg, tmp_path / "forest.png", "fake")
+    assert (tmp_path / "forest.png").stat().st_size > 1000 and "1 reproduced" in cap
+    ax = figures[-1].axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel() and "sized to decide" in ax.get_title()
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["reproduced", "inconclusive", "no effect"]
+    for c in claims:  # the 95 % interval and the adjusted one are drawn as horizontal segments
+        xs = [tuple(l.get_xdata()) for l in ax.lines if len(l.get_xdata()) == 2]
+        assert (pytest.approx(c["advantage"]["lo"]), pytest.approx(c["advantage"]["hi"])) in xs
+        b = c["advantage_adjusted"]
+        assert (pytest.approx(b["lo"]), pytest.approx(b["hi"])) in xs
+    bands = [p.vertices[:, 0] for coll in ax.collections for p in coll.get_paths()]
+    assert any(min(v) == pytest.approx(-0.05) and max(v) == pytest.approx(0.05) for v in bands)  # C's delta
+
+
+def test_claims_table_lists_every_claim_and_old_aggregates_read_as_unadjusted(tmp_path):
+    from ropekit.report.experiments import experiments_section
+
+    stored = Path(__file__).resolve().parents[1] / "docs" / "results"
+    sec = experiments_section(tmp_path, stored)
+    html_text = sec["html"]
+    assert "Every claim at a glance" in html_text
+    for f in stored.glob("experiments-*.json"):
+        agg = json.loads(f.read_text())
+        for c in agg["claims"]:
+            assert f"{c['id']}: " in html_text
+    assert "quick, unadjusted" in html_text and "(unadjusted)" in html_text
+    assert all(m["scope"] == "quick, unadjusted" for m in sec["metrics"].values())
+    assert (tmp_path / "exp_crossmodal_forest.png").exists()
+
+
+# --- variance split -------------------------------------------------------------------------------------
+
+def test_variance_split_matches_the_textbook_anova_and_recovers_known_components():
+    from ropekit.experiments.variance import eval_scale_for, split
+
+    x = [[0.50, 0.52, 0.47], [0.61, 0.58, 0.60], [0.40, 0.45, 0.43], [0.55, 0.52, 0.56]]
+    S, R = 4, 3
+    # one-way random-effects ANOVA (e.g. Searle, Casella & McCulloch): MS_between = R * sum (mean_s - grand)^2
+    # / (S - 1), MS_within = sum (x - mean_s)^2 / (S (R - 1)); sigma2_seed = (MS_between - MS_within) / R
+    means = [sum(r) / R for r in x]
+    grand = sum(means) / S
+    msb = R * sum((m - grand) ** 2 for m in means) / (S - 1)
+    msw = sum((v - m) ** 2 for r, m in zip(x, means) for v in r) / (S * (R - 1))
+    s = split(x)
+    assert s["sd_eval"] ** 2 == pytest.approx(msw, rel=1e-12)
+    assert s["sd_seed"] ** 2 == pytest.approx((msb - msw) / R, rel=1e-12)
+    assert s["mean"] == pytest.approx(grand)
+    # simulated: seed sd 0.05, evaluation sd 0.02, many seeds and draws -> both recovered
+    g = torch.Generator().manual_seed(0)
+    a = 0.05 * torch.randn(400, 1, generator=g, dtype=torch.float64)
+    e = 0.02 * torch.randn(400, 8, generator=g, dtype=torch.float64)
+    s = split((0.5 + a + e).tolist())
+    assert s["sd_seed"] == pytest.approx(0.05, rel=0.1) and s["sd_eval"] == pytest.approx(0.02, rel=0.05)
+    assert s["eval_share"] == pytest.approx(0.0004 / 0.0029, rel=0.2)
+    with pytest.raises(ValueError):
+        split([[1.0, 2.0]])
+    # evaluation variance 0.03^2 against seed variance 0.03^2: a 9x larger set brings it to 10 % of the total
+    assert eval_scale_for(0.03, 0.03) == pytest.approx(9.0)
+    assert eval_scale_for(0.001, 0.03) == 1.0
+
+
+def test_paired_designs_share_training_batches_and_evaluation_inputs(monkeypatch):
+    from ropekit.experiments.variance import check_pairing
+
+    res = check_pairing("crossmodal", ["mrope", "circle"], preset="micro", steps=5)
+    assert res["paired"] and len(set(res["train"].values())) == 1 and len(set(res["eval"].values())) == 1
+    res = check_pairing("resolution", ["axial", "geope"], preset="micro", steps=3)
+    assert res["paired"]
+    # negative control: a sampler that draws differently on each construction is caught
+    exp = get("crossmodal")
+    calls = []
+    original = exp.sampler
+
+    def drifting(cfg):
+        calls.append(1)
+        inner = original(cfg)
+        return lambda g, B, layout_g=None: inner(torch.Generator().manual_seed(len(calls)), B, layout_g)
+
+    monkeypatch.setattr(exp, "sampler", drifting)
+    assert not check_pairing("crossmodal", ["mrope", "circle"], preset="micro", steps=2)["paired"]
+
+
+def test_variance_cli_on_micro(tmp_path, capsys):
+    assert main(["experiment", "crossmodal", "--preset", "micro", "--variance", "2", "--seeds", "2", "--designs",
+                 "mrope,circle", "--out", str(tmp_path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "sd_seed" in out and "share training batches and evaluation inputs: yes" in out
+    res = json.loads((tmp_path / "crossmodal" / "variance-micro.json").read_text())
+    assert set(res["claims"]) <= {c.id for c in get("crossmodal").claims} and res["draws"] == 2
+    assert res["eval_seeds"][0] == 20240917  # draw 0 is the evaluation set of every run
+
+
+def test_standard_presets_reuse_quick_hyperparameters_and_run_the_claims_designs():
+    from ropekit.experiments import experiments
+
+    for name in experiments():
+        exp = get(name)
+        std, quick = exp.presets["standard"], exp.presets["quick"]
+        # one set of hyper-parameters: the model, the training and the task are quick's
+        assert std["model"] == quick["model"] and std["task"] == quick["task"]
+        assert {k: v for k, v in std["train"].items() if k != "ckpt_every"} == \
+               {k: v for k, v in quick["train"].items() if k != "ckpt_every"}
+        designs = runner.default_designs(exp, "standard")
+        assert set(designs) == {d for c in exp.claims for d in (c.design, c.baseline)}
+        assert runner.default_seeds(exp, "standard") >= 20
+        assert runner.default_seeds(exp, "quick") == 3 and runner.default_designs(exp, "quick")[0] == exp.designs[0]
+        for c in exp.claims:
+            assert 0 < c.delta <= 0.02 and c.delta_reason  # accuracy-type metrics: delta <= 0.02

@@ -150,7 +150,7 @@ def test_micro_run_end_to_end(tmp_path):
     ids = {c["id"] for c in agg["claims"]}
     assert {"P1", "P2", "P4", "P5"} <= ids
     for c in agg["claims"]:
-        assert c["verdict"] in ("reproduced", "contradicted", "inconclusive")
+        assert c["verdict"] in ("reproduced", "contradicted", "no effect", "inconclusive")
     sec = experiments_section(tmp_path, tmp_path)
     assert "pointcloud" in sec["html"]
     assert (tmp_path / "exp_pointcloud_bars.png").exists()

@@ -211,7 +211,7 @@ def test_micro_runs_and_report(tmp_path, name, designs):
     runs = [json.loads(l) for l in (tmp_path / name / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 2 * len(designs)
     for c in agg["claims"]:
-        assert c["verdict"] in ("reproduced", "contradicted", "inconclusive")
+        assert c["verdict"] in ("reproduced", "contradicted", "no effect", "inconclusive")
     sec = experiments_section(tmp_path, tmp_path)
     assert name in sec["html"]
     assert list(tmp_path.glob(f"exp_{name}_*.png"))

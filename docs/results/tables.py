@@ -1,6 +1,7 @@
 """Store a finished ``ropekit experiment`` run here and print its Markdown tables for docs/experiments.md.
 
-    python docs/results/tables.py store RUN_DIR NAME --machine "..." --load "..."   # -> experiments-NAME-quick.json
+    python docs/results/tables.py store RUN_DIR NAME --machine "..." --load "..." [--command "..." --commit SHA]
+                                                                  # -> experiments-NAME-PRESET.json
     python docs/results/tables.py print experiments-resolution-quick.json ...       # tables, never typed by hand
 
 ``store`` copies ``RUN_DIR/NAME/aggregate.json`` and adds ``run_info``: the number of runs, their summed CPU
@@ -13,13 +14,15 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCALARS = {"resolution": [], "isotropy": ["acc", "angle_spread"],
+SCALARS = {"crossmodal": ["acc", "cell_spread", "acc_long_gap", "acc_large_grid", "acc_multi"],
+           "video": ["cell_spread", "boundary_acc", "acc_longest"], "resolution": [], "isotropy": ["acc", "angle_spread"],
            "shape-bias": ["clean_acc", "shape_bias", "conflict_shape_acc", "conflict_texture_acc"]}
 CURVES = {"resolution": {"acc_vs_grid_zoom": "zoom", "acc_vs_grid_canvas": "canvas"}}
 SAME = {("acc_vs_grid_canvas", "8")}  # the training grid: the same scenes as zoom 8, not repeated
 
 
-def store(run_dir: str, name: str, machine: str, load: str) -> Path:
+def store(run_dir: str, name: str, machine: str, load: str, command: str | None = None,
+          commit: str | None = None) -> Path:
     folder = Path(run_dir) / name
     agg = json.loads((folder / "aggregate.json").read_text())
     runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
@@ -29,6 +32,10 @@ def store(run_dir: str, name: str, machine: str, load: str) -> Path:
                        "cpu_s_per_design": {d: round(sum(r["cpu_s"] for r in runs if r["design"] == d), 1)
                                             for d in agg["designs"]},
                        "threads": sorted({r["threads"] for r in runs}), "machine": machine, "load": load}
+    if command:
+        agg["run_info"]["command"] = command
+    if commit:
+        agg["run_info"]["commit"] = commit
     out = HERE / f"experiments-{name}-{agg['preset']}.json"
     out.write_text(json.dumps(agg, indent=1))
     return out
@@ -57,13 +64,28 @@ def tables(agg: dict) -> str:
     for design, met in m.items():
         cells = [_cell(met[k[0]][k[1]] if isinstance(k, tuple) else met[k]) for k, _ in cols]
         lines.append(f"| {design} | " + " | ".join(cells) + " |")
-    lines += ["", "Mean ± half-width of the 95 % t-interval over seeds.", "",
-              "| claim | metric | design vs baseline | advantage (95 % CI) | verdict |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "Mean ± half-width of the 95 % t-interval over seeds.", ""]
+    if agg["claims"] and "verdict_unadjusted" not in agg["claims"][0]:  # stored before adjusted verdicts existed
+        lines += ["| claim | metric | design vs baseline | advantage (95 % CI) | verdict (unadjusted) |",
+                  "| --- | --- | --- | --- | --- |"]
+        for c in agg["claims"]:
+            a = c["advantage"]
+            lines.append(f"| {c['id']}: {c['claim']} ({c['source']}) | `{c['metric']}` ({c['better']} is better) | "
+                         f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} | "
+                         f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}] | **{c['verdict']}** |")
+        return "\n".join(lines)
+    lines += ["| claim | metric, δ | design vs baseline | advantage, 95 % | adjusted interval, Holm p | verdict "
+              "(unadjusted) | replication |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in agg["claims"]:
-        a = c["advantage"]
-        lines.append(f"| {c['id']}: {c['claim']} ({c['source']}) | `{c['metric']}` ({c['better']} is better) | "
-                     f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} | "
-                     f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}] | **{c['verdict']}** |")
+        a, b, r = c["advantage"], c["advantage_adjusted"], c.get("replication")
+        rep = (f"{r['verdict']}, {r['advantage']['mean']:+.3f} [{r['advantage']['lo']:+.3f}, "
+               f"{r['advantage']['hi']:+.3f}]: **{c['confirmation']}**" if r else "not run")
+        more = f"; ≈{c['seeds_to_decide']} seeds to decide" if c.get("seeds_to_decide") else ""
+        lines.append(f"| {c['id']}: {c['claim']} ({c['source']}) | `{c['metric']}` ({c['better']} is better), "
+                     f"{c['delta']:g} | {c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
+                     f"{c['baseline_mean']:.3f} | {a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}] | "
+                     f"[{b['lo']:+.3f}, {b['hi']:+.3f}] ({100 * c['adjusted_level']:.1f} %), {c['p_holm']:.3g} | "
+                     f"**{c['verdict']}** ({c['verdict_unadjusted']}){more} | {rep} |")
     return "\n".join(lines)
 
 
@@ -75,11 +97,13 @@ def main() -> None:
     s.add_argument("name")
     s.add_argument("--machine", required=True)
     s.add_argument("--load", required=True)
+    s.add_argument("--command", default=None, help="the exact command that produced the run")
+    s.add_argument("--commit", default=None, help="the ropekit commit it ran")
     t = sub.add_parser("print")
     t.add_argument("files", nargs="+")
     args = p.parse_args()
     if args.cmd == "store":
-        print(store(args.run_dir, args.name, args.machine, args.load))
+        print(store(args.run_dir, args.name, args.machine, args.load, args.command, args.commit))
     else:
         print("\n\n".join(tables(json.loads(Path(f).read_text())) for f in args.files))
 

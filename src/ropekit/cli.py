@@ -288,8 +288,26 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, preset=args.preset,
-                                device=args.device, out=args.out, progress=not args.quiet)
+    if args.variance is not None:
+        from .experiments import variance
+
+        if args.variance < 2:
+            raise ValueError(f"--variance needs at least 2 evaluation sets, got {args.variance}")
+        n = args.seeds if args.seeds is not None else 6
+        res = variance.variance_split(args.name, designs=designs, seeds=list(range(args.seed_start, args.seed_start + n)),
+                                      draws=args.variance, preset=args.preset,
+                                      batch_seeds=args.batch_seeds or 8,
+                                      log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+        res["pairing"] = variance.check_pairing(args.name, res["designs"], seed=args.seed_start, preset=args.preset)
+        path = variance.write(res, Path(args.out) / args.name / f"variance-{args.preset}.json")
+        print(variance.variance_table(res))
+        print("paired designs share training batches and evaluation inputs: "
+              + ("yes" if res["pairing"]["paired"] else "NO (see the file)"))
+        print(f"written to {path}")
+        return 0
+    agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, seed_start=args.seed_start,
+                                replicate=args.replicate, preset=args.preset, device=args.device, out=args.out,
+                                progress=not args.quiet, batch_seeds=args.batch_seeds, compile=args.compile)
     print(runner.summary_table(agg))
     print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
     return 0
@@ -344,9 +362,26 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", nargs="?", help="experiment name (see --list)")
     ex.add_argument("--list", action="store_true", help="say what each experiment tests and which claim it probes")
     ex.add_argument("--designs", help="comma-separated designs (default: the experiment's own list)")
-    ex.add_argument("--seeds", type=int, default=None, help="seeds per design (default: 3; 1 for micro)")
-    ex.add_argument("--preset", choices=("micro", "quick", "full"), default="quick",
-                    help="micro: seconds (tests); quick: minutes on a CPU; full: about an hour on one GPU")
+    ex.add_argument("--seeds", type=int, default=None,
+                    help="seeds per design (default: the preset's; 3 for quick, 1 for micro)")
+    ex.add_argument("--seed-start", type=int, default=0,
+                    help="first seed: seeds are START .. START+SEEDS-1 (default: 0)")
+    ex.add_argument("--replicate", action="store_true",
+                    help="also train a disjoint replication seed set (the same seeds + 10000) and report each "
+                         "claim as confirmed only when the replication agrees")
+    ex.add_argument("--batch-seeds", type=int, default=None,
+                    help="train up to this many seeds of a design together as one stacked ensemble "
+                         "(default: the preset's choice; 1 = one run at a time)")
+    ex.add_argument("--variance", type=int, default=None, metavar="DRAWS",
+                    help="instead of a run: split each metric's variance into seed and evaluation-sample parts, "
+                         "evaluating every model on DRAWS evaluation sets (seeds: --seeds, default 6), and check "
+                         "that designs share training batches and evaluation inputs")
+    ex.add_argument("--compile", action="store_true",
+                    help="run the stacked ensemble through torch.compile (pays a compilation per design)")
+    ex.add_argument("--preset", choices=("micro", "quick", "standard", "full"), default="quick",
+                    help="micro: seconds (tests); quick: a few-minute look on a CPU (not sized to decide); "
+                         "standard: seeds and evaluation sized to decide each claim, <= ~1 h on 2 CPU cores; "
+                         "full: a larger model for one GPU")
     ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
     ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
     ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")

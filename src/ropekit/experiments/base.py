@@ -18,12 +18,16 @@ from torch import nn
 
 from .tasks import Batch
 
-__all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread"]
+__all__ = ["Claim", "Experiment", "accuracy", "correct", "cell_map", "spread", "claim_designs"]
 
 
 @dataclass(frozen=True)
 class Claim:
-    """"``design`` beats ``baseline`` on ``metric``" (``better``: higher or lower), citing the paper."""
+    """"``design`` beats ``baseline`` on ``metric``" (``better``: higher or lower), citing the paper.
+
+    ``delta`` is the smallest difference of interest (in the metric's units, declared before any run): a
+    paired interval lying inside ±delta is the verdict ``no effect``, and seeds are sized to decide at this
+    resolution. ``delta_reason`` says in one line why that value (required with it)."""
 
     id: str
     text: str
@@ -32,6 +36,17 @@ class Claim:
     design: str
     baseline: str
     better: str = "higher"
+    delta: float | None = None
+    delta_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"claim {self.id}: `better` must be 'higher' or 'lower', got {self.better!r}")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < float("inf"):
+            raise ValueError(f"claim {self.id}: declare `delta`, the smallest effect of interest (> 0), got "
+                             f"{self.delta!r}")
+        if not self.delta_reason.strip():
+            raise ValueError(f"claim {self.id}: say why delta = {self.delta} (`delta_reason`)")
 
 
 @dataclass
@@ -41,7 +56,9 @@ class Experiment:
     designs: tuple[str, ...]
     presets: dict[str, dict]
     make_model: Callable[[str, dict], nn.Module]
-    sampler: Callable[[dict], Callable[[torch.Generator, int], Batch]]
+    # sampler(cfg)(g, B, layout_g=None) -> Batch: content from g (the run's stream), the batch's layout (when it
+    # varies) from layout_g (a stream shared by every seed; see ropekit.experiments.train.layout_seed)
+    sampler: Callable[[dict], Callable[..., Batch]]
     evaluate: Callable[[nn.Module, dict, torch.device], dict]
     claims: tuple[Claim, ...] = ()
     figures: dict = field(default_factory=dict)
@@ -50,6 +67,17 @@ class Experiment:
     check_design: Callable[[str], object] | None = None
     # designs run by default at one preset on top of ``designs`` (e.g. GeoPE's λ sweep in ``full``)
     preset_designs: dict = field(default_factory=dict)
+    # designs run by default at a preset *instead of* ``designs`` (``standard`` runs the claims' designs only)
+    designs_at: dict = field(default_factory=dict)
+    # seeds per design by default at a preset (``standard`` sizes its own from a measured variance budget)
+    seeds: dict = field(default_factory=dict)
+    # seeds of a design trained together as one stacked ensemble at a preset (default 1: one at a time)
+    batch_seeds: dict = field(default_factory=dict)
+
+
+def claim_designs(claims) -> tuple[str, ...]:
+    """The designs the claims compare, in order of first mention."""
+    return tuple(dict.fromkeys(d for c in claims for d in (c.design, c.baseline)))
 
 
 @torch.no_grad()

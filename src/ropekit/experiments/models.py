@@ -16,9 +16,11 @@ from ..age import SCHEDULES, age_schedule
 from ..designs.registry import designs as registered_designs
 from ..designs.registry import positions
 from ..nn.attention import RotaryAttention
-from ..rope import RoPE
+from ..apply._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
+from ..apply.geope import GeoPE, apply_geope_qk
+from ..rope import RoPE, _PlanarRotary, rotate_qk_tables
 
-__all__ = ["layer_designs", "Decoder", "layout_positions"]
+__all__ = ["layer_designs", "Decoder", "layout_positions", "TableCache", "cached_tables"]
 
 AGE_PREFIX = "circle-age-"
 
@@ -38,10 +40,73 @@ def layer_designs(design: str, depth: int) -> list[str]:
     return [design] * depth
 
 
+class TableCache:
+    """``rotate(q, k, coords)`` of a fixed-frequency rotary (:class:`ropekit.RoPE`, :class:`ropekit.DirectionalRoPE`,
+    :class:`ropekit.GeoPE`) whose tables (cos/sin, or GeoPE's rotation) are built once per coordinate table.
+
+    In these experiments a batch shares one coordinate table ``(L, A)`` (a layout, a patch grid), so every
+    layer of every step would rebuild the same tables. Here they are built once per table, outside any
+    ``torch.compile`` graph (building them looks up the design, which a graph cannot trace), and the
+    rotary's own rotation is applied with them, so results are bit for bit those of ``rotary.rotate``.
+    Per-sample coordinates ``(B, L, A)`` (point clouds) are built afresh every call."""
+
+    MAX = 64
+
+    def __init__(self, rotary) -> None:
+        self.rotary = rotary
+        self._tables: dict = {}
+
+    def __repr__(self) -> str:
+        return f"TableCache({self.rotary!r})"
+
+    def __getattr__(self, name: str):  # everything else (head_dim, design, lam …) is the rotary's
+        if name in ("rotary", "_tables"):
+            raise AttributeError(name)
+        return getattr(self.rotary, name)
+
+    @torch.compiler.disable
+    def _table(self, q: torch.Tensor, coords):
+        r = self.rotary
+        coords = match_coords_batch(resolve_coords(coords, r.design, r.design_options, q.device), q)
+        make = r.rotation if isinstance(r, GeoPE) else r.cos_sin
+        if coords.ndim != 2:
+            return make(coords)
+        key = (coords.device, coords.dtype, tuple(coords.shape), coords.detach().cpu().numpy().tobytes())
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= self.MAX:
+                self._tables.pop(next(iter(self._tables)))
+            table = self._tables[key] = make(coords)
+        return table
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, coords, *, seq_dim: int = -2):
+        r = self.rotary
+        check_qk(q, k, r.head_dim)
+        seq_dim = canonical_seq_dim(seq_dim, q.ndim)
+        table = self._table(q, coords)
+        if isinstance(r, GeoPE):
+            return apply_geope_qk(q, k, table, seq_dim=seq_dim, channels=r.channels)
+        return rotate_qk_tables(q, k, table[0], table[1], channels=r.channels, seq_dim=seq_dim)
+
+
+def cached_tables(rotary):
+    """``rotary`` wrapped in a :class:`TableCache` when its tables depend on the coordinates only (None and
+    learned-frequency rotaries such as RoPE-Mixed are returned as they are)."""
+    if isinstance(rotary, (GeoPE, _PlanarRotary)) and not isinstance(rotary, nn.Module):
+        return TableCache(rotary)
+    return rotary
+
+
 @lru_cache(maxsize=512)
 def layout_positions(layout: str, design: str) -> torch.Tensor:
     """float32 coordinates ``(L, A)`` of ``layout`` under ``design`` (cached; batches share a layout)."""
     return positions(layout, design)
+
+
+@torch.compiler.disable
+def _block_coords(designs: tuple, layout: str, device: torch.device) -> dict:
+    """Coordinates of ``layout`` per block design (outside any torch.compile graph: a layout is a string)."""
+    return {d: layout_positions(layout, d).to(device) for d in designs if d != "none"}
 
 
 class _Block(nn.Module):
@@ -50,7 +115,7 @@ class _Block(nn.Module):
         self.design = design
         rotary = None if design == "none" else RoPE(design, head_dim=dim // heads, base=base)
         self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = RotaryAttention(dim, heads, rotary)
+        self.attn = RotaryAttention(dim, heads, cached_tables(rotary))
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
@@ -77,8 +142,7 @@ class Decoder(nn.Module):
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, tokens: torch.Tensor, layout: str) -> torch.Tensor:
-        coords = {b.design: layout_positions(layout, b.design).to(tokens.device)
-                  for b in self.blocks if b.design != "none"}
+        coords = _block_coords(tuple(b.design for b in self.blocks), layout, tokens.device)
         if coords and next(iter(coords.values())).shape[0] != tokens.shape[1]:
             raise ValueError(f"layout {layout!r} has {next(iter(coords.values())).shape[0]} tokens but the "
                              f"batch has {tokens.shape[1]}; the layout must describe the token sequence")

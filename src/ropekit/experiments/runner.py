@@ -21,13 +21,18 @@ import torch
 
 from .base import Experiment
 from .registry import get
-from .stats import mean_interval, paired_verdict
-from .train import TrainConfig, dist_info, train
+from .stats import ALPHA, adjusted_verdicts, mean_interval, paired_verdict, seeds_to_decide
+from .train import TrainConfig, dist_info, train, train_stacked
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
-           "init_distributed"]
+           "init_distributed", "seed_sets", "default_seeds", "attach_replication", "run_one", "run_group", "REPLICATION_OFFSET"]
 
-PRESETS = ("micro", "quick", "full")
+PRESETS = ("micro", "quick", "standard", "full")
+# seeds of a design trained together by default (a stacked ensemble gives each seed the numbers it gets alone,
+# to float32 rounding, and the same numbers whatever the group size; see ropekit.experiments.ensemble)
+BATCH_SEEDS = {"quick": 8, "standard": 8}
+# replication seeds are the discovery seeds plus this offset: disjoint from any discovery set below it
+REPLICATION_OFFSET = 10_000
 
 
 def init_distributed(device: str) -> torch.device:
@@ -174,8 +179,10 @@ def _done_runs(path: Path, preset: str, cfg: dict, *, repair: bool = False, warn
 
 
 def default_designs(exp: Experiment, preset: str) -> list[str]:
-    """The designs run when none are named: the experiment's own, then those its preset adds (in order, once)."""
-    return list(dict.fromkeys(exp.designs + tuple(exp.preset_designs.get(preset, ()))))
+    """The designs run when none are named: the experiment's own (or the preset's own list, ``designs_at``),
+    then those its preset adds (in order, once)."""
+    own = tuple(exp.designs_at.get(preset, exp.designs))
+    return list(dict.fromkeys(own + tuple(exp.preset_designs.get(preset, ()))))
 
 
 def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.device, *, ckpt: Path | None = None,
@@ -203,46 +210,168 @@ def run_one(exp: Experiment, design: str, seed: int, cfg: dict, device: torch.de
             "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, preset: str = "quick",
-                   device: str = "cpu", out: "str | Path" = "experiments", progress: bool = True) -> dict:
-    """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate."""
+def seed_sets(n_seeds: int, seed_start: int = 0) -> tuple[list[int], list[int]]:
+    """``(discovery, replication)`` seeds: ``seed_start … seed_start + n_seeds − 1`` and the same numbers plus
+    :data:`REPLICATION_OFFSET` (disjoint as long as discovery seeds stay below the offset)."""
+    for name, v, low in (("seeds", n_seeds, 1), ("seed_start", seed_start, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"`{name}` must be an int >= {low}, got {v!r}")
+    if seed_start + n_seeds > REPLICATION_OFFSET:
+        raise ValueError(f"discovery seeds must stay below {REPLICATION_OFFSET} (the replication seeds start there); "
+                         f"got seeds {seed_start}..{seed_start + n_seeds - 1}")
+    discovery = list(range(seed_start, seed_start + n_seeds))
+    return discovery, [REPLICATION_OFFSET + s for s in discovery]
+
+
+def default_seeds(exp: Experiment, preset: str) -> int:
+    """Seeds per design when none are given: the preset's own count (``standard``), else 1 for micro, 3 else."""
+    return exp.seeds.get(preset, 1 if preset == "micro" else 3)
+
+
+def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, seed_start: int = 0,
+                   replicate: bool = False, preset: str = "quick", device: str = "cpu", out: "str | Path" = "experiments",
+                   progress: bool = True, batch_seeds: int | None = None, compile: bool = False) -> dict:
+    """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate.
+
+    Seeds are ``seed_start … seed_start + seeds − 1`` (the discovery set). ``replicate`` also trains the
+    disjoint replication set (:func:`seed_sets`; the discovery set too when unfinished), and the aggregate
+    then reports each claim's discovery and replication verdicts side by side; a replication set already
+    finished in ``runs.jsonl`` is reported without ``replicate``. ``batch_seeds`` trains up to that many
+    seeds of a design together as one stacked ensemble (:func:`run_group`; default: the experiment's
+    ``batch_seeds`` for the preset, else :data:`BATCH_SEEDS`; 1 = one run at a time); ``compile`` passes the ensemble through
+    ``torch.compile``."""
     exp = get(name)
     if preset not in exp.presets:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(exp.presets)}")
+        raise ValueError(f"unknown preset {preset!r} for {name}; choose one of {', '.join(exp.presets)}")
     cfg = exp.presets[preset]
     chosen = list(designs or default_designs(exp, preset))
     from .models import layer_designs
 
     for d in chosen:
         exp.check_design(d) if exp.check_design else layer_designs(d, 1)  # raises a clear ValueError for an unknown name before any training
-    n_seeds = seeds if seeds is not None else (1 if preset == "micro" else 3)
-    if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ValueError(f"`seeds` must be an int >= 1, got {n_seeds!r}")
+    discovery, replication = seed_sets(seeds if seeds is not None else default_seeds(exp, preset), seed_start)
+    group = exp.batch_seeds.get(preset, BATCH_SEEDS.get(preset, 1)) if batch_seeds is None else batch_seeds
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"`batch_seeds` must be an int >= 1, got {group!r}")
     dev = init_distributed(device)
     rank, _ = dist_info()
     folder = Path(out) / name
     (folder / "ckpt").mkdir(parents=True, exist_ok=True)
     runs_path = folder / "runs.jsonl"
     done = _done_runs(runs_path, preset, cfg, repair=rank == 0, warn=False)  # rank 0 writes the file and warns
+    if not replicate and all((d, s) in done for d in chosen for s in replication):
+        replicate = True  # finished earlier: report it
+    todo_seeds = discovery + (replication if replicate else [])
     for design in chosen:
-        for seed in range(n_seeds):
-            if (design, seed) in done:
-                continue
-            ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
-            rec = {"preset": preset, **run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress and rank == 0)}
+        todo = [s for s in todo_seeds if (design, s) not in done]
+        for rec in _train_design(exp, design, todo, cfg, dev, folder, preset, progress=progress and rank == 0,
+                                 batch_seeds=group, compile=compile):
+            rec = {"preset": preset, **rec}
             if rank == 0:
                 with runs_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
-                ckpt.unlink(missing_ok=True)
-            done[(design, seed)] = rec
-    runs = [done[(d, s)] for d in chosen for s in range(n_seeds)]
-    agg = {"experiment": name, "preset": preset, "seeds": n_seeds, "designs": chosen, "config": cfg,
-           "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
-           "claims": verdicts(exp, runs), "cost": step_costs(runs), "versions": _versions(),
+            done[(design, rec["seed"])] = rec
+    runs = [done[(d, s)] for d in chosen for s in discovery]
+    agg = {"format": 2, "experiment": name, "preset": preset, "seeds": len(discovery), "seed_list": discovery,
+           "designs": chosen, "config": cfg, "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
+           "claims": verdicts(exp, runs), "alpha": ALPHA, "cost": step_costs(runs), "versions": _versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if replicate:
+        rep_runs = [done[(d, s)] for d in chosen for s in replication]
+        rep_claims = verdicts(exp, rep_runs)
+        agg["replication"] = {"seeds": len(replication), "seed_list": replication, "metrics": aggregate(rep_runs),
+                              "claims": rep_claims}
+        attach_replication(agg["claims"], rep_claims)
     if rank == 0:
         (folder / "aggregate.json").write_text(json.dumps(agg, indent=1))
     return agg
+
+
+def _train_design(exp: Experiment, design: str, seeds: list[int], cfg: dict, dev: torch.device, folder: Path,
+                  preset: str, *, progress: bool, batch_seeds: int = 1, compile: bool = False):
+    """Train and evaluate ``design`` at each of ``seeds``; yields each run's record as it finishes. With
+    ``batch_seeds`` > 1 (and a design the ensemble can stack, in one process) groups of that many seeds are
+    trained together (:func:`run_group`); otherwise one run at a time (:func:`run_one`)."""
+    from .ensemble import supported
+
+    if batch_seeds > 1 and len(seeds) > 1 and dist_info()[1] == 1:
+        reason = supported(exp.make_model(design, cfg))
+        if reason is None:
+            for i in range(0, len(seeds), batch_seeds):
+                group = seeds[i:i + batch_seeds]
+                ckpt = folder / "ckpt" / f"{preset}-{design}-s{group[0]}-{group[-1]}.pt"
+                yield from run_group(exp, design, group, cfg, dev, ckpt=ckpt, progress=progress, compile=compile)
+                ckpt.unlink(missing_ok=True)
+            return
+        if progress:
+            _warn(f"{design}: trained one seed at a time ({reason})")
+    for seed in seeds:
+        ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
+        rec = run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress)
+        yield rec
+        ckpt.unlink(missing_ok=True)
+
+
+def run_group(exp: Experiment, design: str, seeds: list[int], cfg: dict, device: torch.device, *,
+              ckpt: Path | None = None, progress: bool = False, stop_after: int | None = None,
+              compile: bool = False) -> list[dict]:
+    """:func:`run_one` for several seeds of one design trained together as a stacked ensemble
+    (:func:`ropekit.experiments.train.train_stacked`), each evaluated by ``exp.evaluate`` as its own model
+    (the ensemble answers every evaluation batch for all seeds at once: :class:`~.ensemble.SharedEval`).
+    Each record carries the group's time divided by its size, and ``stacked`` (the group's seeds). An empty
+    list when ``stop_after`` interrupted the training."""
+    from .ensemble import SharedEval
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    models = []
+    for seed in seeds:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            models.append(exp.make_model(design, cfg))
+    tcfg = TrainConfig(**cfg["train"])
+    bar = _bar(f"{design} seeds {seeds[0]}-{seeds[-1]}") if progress else None
+    res = train_stacked(models, exp.sampler(cfg), tcfg, seeds=list(seeds), device=device, ckpt=ckpt, progress=bar,
+                        stop_after=stop_after, compile=compile)
+    if res["stopped"]:
+        return []
+    record: list = []
+    metrics = [exp.evaluate(SharedEval(res["stacked"], k, record), cfg, device) for k in range(len(seeds))]
+    K = len(seeds)
+    out = []
+    for k, seed in enumerate(seeds):
+        losses = res["losses"][k]
+        tail = losses[-max(1, len(losses) // 10):]
+        out.append({"experiment": exp.name, "design": design, "seed": seed, "config": cfg,
+                    "hyperparameters": exp.hyperparameters_note, "metrics": metrics[k],
+                    "final_loss": sum(tail) / len(tail), "losses": losses, "steps": res["steps"],
+                    "train_s": round(res["seconds"] / K, 3), "train_cpu_s": round(res["cpu_seconds"] / K, 3),
+                    "first_step_s": round(res["first_step_s"] / K, 4),
+                    "first_step_cpu_s": round(res["first_step_cpu_s"] / K, 4),
+                    "wall_s": round((time.perf_counter() - t0) / K, 3), "cpu_s": round((time.process_time() - c0) / K, 3),
+                    "stacked": list(seeds), "compiled": compile,
+                    "device": str(device), "world_size": 1, "threads": torch.get_num_threads(),
+                    "versions": _versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return out
+
+
+CONFIRMATION = ("confirmed", "not confirmed", "nothing to confirm")
+
+
+def attach_replication(discovery: list[dict], replication: list[dict]) -> None:
+    """Give each discovery claim its replication (same claim id, disjoint seeds) and a ``confirmation``:
+    ``confirmed`` when the discovery verdict decided something (reproduced, contradicted, no effect) and the
+    replication's adjusted verdict is the same, ``not confirmed`` when it decided something else or nothing,
+    ``nothing to confirm`` when the discovery was inconclusive."""
+    rep = {c["id"]: c for c in replication}
+    for c in discovery:
+        r = rep.get(c["id"])
+        c["replication"] = None if r is None else {
+            k: r[k] for k in ("verdict", "verdict_unadjusted", "advantage", "advantage_adjusted", "p", "p_holm",
+                              "seeds", "design_mean", "baseline_mean")}
+        if r is None or c["verdict"] == "inconclusive":
+            c["confirmation"] = "nothing to confirm"
+        else:
+            c["confirmation"] = "confirmed" if r["verdict"] == c["verdict"] else "not confirmed"
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -286,11 +415,17 @@ def step_costs(runs: list[dict], reference: str = "axial") -> dict:
     return {"reference": reference if ref else None, "designs": out}
 
 
-def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
-    """One verdict per claim whose two designs were both run (paired by seed)."""
+def verdicts(exp: Experiment, runs: list[dict], alpha: float = ALPHA) -> list[dict]:
+    """One verdict per claim whose two designs were both run (paired by seed).
+
+    The claims decided here are one family: ``verdict`` is the family-wise one (Holm–Bonferroni on the paired
+    t-tests for reproduced / contradicted, Bonferroni-widened intervals for no effect; see
+    :func:`ropekit.experiments.stats.adjusted_verdicts`), ``verdict_unadjusted`` the one of the claim's own 95 %
+    interval (``advantage``), shown beside it. An undecided claim gets ``seeds_to_decide``: the seeds after
+    which, at the measured spread, the adjusted interval would be narrower than δ."""
     table = {(r["design"], r["seed"]): r["metrics"] for r in runs}
     seeds = sorted({s for _, s in table})
-    rows = []
+    rows, diffs = [], []
     for c in exp.claims:
         if not all((d, s) in table for d in (c.design, c.baseline) for s in seeds):
             continue
@@ -298,10 +433,21 @@ def verdicts(exp: Experiment, runs: list[dict]) -> list[dict]:
         b = [table[(c.baseline, s)][c.metric] for s in seeds]
         if any(x != x for x in a + b):  # a NaN metric (no data at this preset) decides nothing
             continue
-        v = paired_verdict(a, b, c.better)
+        v = paired_verdict(a, b, c.better, c.delta)
+        sign = 1.0 if c.better == "higher" else -1.0
+        diffs.append([sign * (x - y) for x, y in zip(a, b)])
         rows.append({"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
-                     "baseline": c.baseline, "better": c.better, "verdict": v["verdict"],
-                     "advantage": v["advantage"], "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b)})
+                     "baseline": c.baseline, "better": c.better, "delta": c.delta, "delta_reason": c.delta_reason,
+                     "verdict_unadjusted": v["verdict"], "advantage": v["advantage"],
+                     "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b), "seeds": seeds,
+                     "differences": diffs[-1]})
+    adjusted = adjusted_verdicts(diffs, [r["delta"] for r in rows], alpha)
+    for r, adj in zip(rows, adjusted):
+        r.update({"verdict": adj["verdict"], "p": adj["p"], "p_holm": adj["p_holm"],
+                  "advantage_adjusted": adj["interval"], "adjusted_level": adj["level"], "family": len(rows),
+                  "alpha": alpha})
+        r["seeds_to_decide"] = (seeds_to_decide(r["advantage"]["sd"], r["delta"], alpha, len(rows))
+                                if r["verdict"] == "inconclusive" and len(seeds) >= 2 else None)
     return rows
 
 
@@ -320,9 +466,27 @@ def summary_table(agg: dict) -> str:
         lines.append("seconds per training step (CPU)" + (f", × {ref}" if ref else "") + ": " + ", ".join(
             f"{d} {c['step_cpu_s']:.3f}" + (f" ({c['cpu_ratio']:.2f}×)" if c["cpu_ratio"] else "")
             for d, c in cost["designs"].items()))
-    for c in agg["claims"]:
+    claims = agg["claims"]
+    if claims and "verdict_unadjusted" in claims[0]:
+        lines.append(f"verdicts adjusted over the {len(claims)} claims (Holm-Bonferroni, alpha "
+                     f"{claims[0]['alpha']:g}); unadjusted 95% verdict in brackets; delta = smallest effect of interest")
+    for c in claims:
         a = c["advantage"]
-        lines.append(f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
-                     f"{c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} "
-                     f"(advantage {a['mean']:+.3f}, 95% [{a['lo']:+.3f}, {a['hi']:+.3f}])")
+        line = (f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
+                f"{c['design_mean']:.3f} vs {c['baseline']} {c['baseline_mean']:.3f} "
+                f"(advantage {a['mean']:+.3f}, 95% [{a['lo']:+.3f}, {a['hi']:+.3f}]")
+        if "verdict_unadjusted" in c:
+            b = c["advantage_adjusted"]
+            line += (f" {c['verdict_unadjusted']}; {100 * c['adjusted_level']:.2f}% [{b['lo']:+.3f}, {b['hi']:+.3f}], "
+                     f"p {c['p']:.3g}, Holm {c['p_holm']:.3g}; delta {c['delta']:g}")
+            if c.get("seeds_to_decide"):
+                line += f"; ~{c['seeds_to_decide']} seeds to decide"
+        line += ")"
+        if c.get("replication"):
+            r, ra = c["replication"], c["replication"]["advantage"]
+            line += (f"\n    replication ({len(r['seeds'])} other seeds): {r['verdict']}, advantage {ra['mean']:+.3f} "
+                     f"95% [{ra['lo']:+.3f}, {ra['hi']:+.3f}] -> {c['confirmation']}")
+        lines.append(line)
+    if agg.get("preset") in ("micro", "quick"):
+        lines.append(f"({agg['preset']} preset: a look, not sized to decide; `--preset standard` is)")
     return "\n".join(lines)

@@ -2,7 +2,10 @@
 atomic checkpoints with resume, and data drawn from an explicit per-step generator.
 
 Determinism: the batch of step ``i`` comes from ``torch.Generator().manual_seed(data_seed(seed, i))``,
-so a resumed run sees exactly the batches an uninterrupted run would. Under ``torch.distributed`` each
+so a resumed run sees exactly the batches an uninterrupted run would; its *layout* (text gap, number of
+images or frames, where a task varies it) comes from ``layout_seed(i)``, one stream shared by every seed,
+so that all seeds of a design see the same sequence of layouts and can be trained together as one stacked
+ensemble (:func:`train_stacked`) with the batches each would see alone. Under ``torch.distributed`` each
 rank draws the same global batch and trains on its own contiguous slice; DistributedDataParallel
 averages the gradients, which equals the gradient of the global-batch mean loss.
 """
@@ -21,7 +24,7 @@ from torch import nn
 
 from .tasks import Batch
 
-__all__ = ["TrainConfig", "train", "data_seed", "dist_info"]
+__all__ = ["TrainConfig", "train", "train_stacked", "data_seed", "layout_seed", "draw", "dist_info"]
 
 
 @dataclass
@@ -46,6 +49,17 @@ class TrainConfig:
 def data_seed(seed: int, step: int) -> int:
     """Seed of the generator for training batch ``step`` of run ``seed`` (distinct streams per seed)."""
     return (seed * 1_000_003 + step * 7919 + 17) % (2**63 - 1)
+
+
+def layout_seed(step: int) -> int:
+    """Seed of the generator for the *layout* of training batch ``step``: the same for every run."""
+    return data_seed(-7, step)
+
+
+def draw(sample: Callable[..., Batch], seed: int, step: int, batch: int) -> Batch:
+    """Training batch ``step`` of run ``seed``: content from the run's stream, layout from the shared one."""
+    return sample(torch.Generator().manual_seed(data_seed(seed, step)), batch,
+                  layout_g=torch.Generator().manual_seed(layout_seed(step)))
 
 
 def dist_info() -> tuple[int, int]:
@@ -98,8 +112,7 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
     model.train()
     first, ts, cs = None, time.perf_counter(), time.process_time()
     for step in range(start, cfg.steps):
-        batch = sample(torch.Generator().manual_seed(data_seed(seed, step)), cfg.batch).slice(rank * share,
-                                                                                             (rank + 1) * share)
+        batch = draw(sample, seed, step, cfg.batch).slice(rank * share, (rank + 1) * share)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = net(batch.tokens.to(device), batch.layout)
         loss = F.cross_entropy(logits.float(), batch.target.to(device))
@@ -127,6 +140,78 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
     return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0,
             "cpu_seconds": time.process_time() - c0, **(first or {"first_step_s": 0.0, "first_step_cpu_s": 0.0}),
             "stopped": False}
+
+
+def train_stacked(models: list[nn.Module], sample: Callable[..., Batch], cfg: TrainConfig, *, seeds: list[int],
+                  device: torch.device, ckpt: Path | None = None,
+                  progress: Callable[[int, int, float], None] | None = None, stop_after: int | None = None,
+                  compile: bool = False) -> dict:
+    """Train K models (one per seed, same design) together as one stacked ensemble (:mod:`.ensemble`).
+
+    Model k gets the batches :func:`train` would give it (:func:`draw` with its seed), its own mean loss, its
+    own gradient clipping and the same AdamW; per model the optimisation is that of :func:`train`. Returns
+    :func:`train`'s keys with ``losses`` as one list per model and ``stacked`` (the trained ensemble; give it
+    to :func:`ropekit.experiments.ensemble.unstack` or :class:`~ropekit.experiments.ensemble.SharedEval`).
+    ``compile`` runs the stacked forward through ``torch.compile``. Checkpoints and ``stop_after`` as in
+    :func:`train` (one checkpoint for the ensemble)."""
+    from .ensemble import clip_per_model, per_model_loss, stack
+
+    if len(models) != len(seeds) or not seeds:
+        raise ValueError(f"train_stacked: {len(models)} models for {len(seeds)} seeds")
+    if dist_info()[1] > 1:
+        raise ValueError("train_stacked runs in one process; under torchrun train each seed with train()")
+    K = len(seeds)
+    net = stack(models).to(device)
+    params = list(net.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_at)
+    start, losses, seconds, cpu = 0, [[] for _ in seeds], 0.0, 0.0
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        if state.get("seeds") != list(seeds):
+            raise ValueError(f"checkpoint '{ckpt}' holds seeds {state.get('seeds')}, not {list(seeds)}")
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        start, losses, seconds, cpu = state["step"], state["losses"], state["seconds"], state["cpu_seconds"]
+    forward = torch.compile(net) if compile else net
+    t0, c0 = time.perf_counter() - seconds, time.process_time() - cpu
+    net.train()
+    first, ts, cs = None, time.perf_counter(), time.process_time()
+    for step in range(start, cfg.steps):
+        batches = [draw(sample, s, step, cfg.batch) for s in seeds]
+        if any(b.layout != batches[0].layout for b in batches):
+            raise ValueError("train_stacked: the seeds' batches of one step have different layouts; the sampler "
+                             "must take the layout from `layout_g`")
+        tokens = torch.cat([b.tokens for b in batches]).to(device)
+        target = torch.cat([b.target for b in batches]).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = forward(tokens, batches[0].layout)
+        loss = per_model_loss(logits, target, K)
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        clip_per_model(params, K, cfg.clip)
+        opt.step()
+        sched.step()
+        for k, v in enumerate(loss.detach().tolist()):
+            losses[k].append(v)
+        if first is None:
+            first = {"first_step_s": time.perf_counter() - ts, "first_step_cpu_s": time.process_time() - cs}
+        done = step + 1
+        if progress is not None:
+            progress(done, cfg.steps, sum(v[-1] for v in losses) / K)
+        if ckpt is not None and ((cfg.ckpt_every and done % cfg.ckpt_every == 0)
+                                 or (stop_after is not None and done - start >= stop_after)):
+            _save(ckpt, {"model": net.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                         "step": done, "losses": losses, "seeds": list(seeds), "seconds": time.perf_counter() - t0,
+                         "cpu_seconds": time.process_time() - c0})
+        if stop_after is not None and done - start >= stop_after and done < cfg.steps:
+            return {"losses": losses, "steps": done, "seconds": time.perf_counter() - t0,
+                    "cpu_seconds": time.process_time() - c0, **first, "stopped": True, "stacked": net}
+    net.eval()
+    return {"losses": losses, "steps": cfg.steps, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0, **(first or {"first_step_s": 0.0, "first_step_cpu_s": 0.0}),
+            "stopped": False, "stacked": net}
 
 
 def _global_mean(loss: torch.Tensor, world: int) -> float:

@@ -29,6 +29,7 @@ from ..rope import DirectionalRoPE, RoPE
 from ..rotations.directional import METHODS
 from ..rotations.mixed import MixedFrequencies
 from .geope_sweep import geope_lambda
+from .models import cached_tables
 
 __all__ = ["FAMILIES", "POOLS", "check_family", "VisionViT", "AttentionPool", "grid_coords", "length_temperature"]
 
@@ -64,7 +65,7 @@ class _Attention(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.linear_geope = heads, dim // heads, family == "linear-geope"
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.rotary = _rotary(family, self.head_dim, heads, layer)
+        self.rotary = cached_tables(_rotary(family, self.head_dim, heads, layer))
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, temp: float = 1.0) -> torch.Tensor:
         B, L, _ = x.shape
@@ -167,7 +168,9 @@ class VisionViT(nn.Module):
         if self.pos is not None:
             pos = self.pos if self.pos.shape[-2:] == (gh, gw) else F.interpolate(
                 self.pos, size=(gh, gw), mode="bilinear", align_corners=False)
-            x = x + pos
+            # one table (1, D, h, w) broadcasts over the batch; a stacked ensemble's (K, D, h, w) adds table k
+            # to model k's block of rows (ropekit.experiments.ensemble)
+            x = (x.view(pos.shape[0], -1, *x.shape[1:]) + pos.unsqueeze(1)).view(x.shape)
         x = x.flatten(2).transpose(1, 2)
         coords = grid_coords(gh, gw, x.device)
         temp = length_temperature(gh * gw, self.train_tokens) if self.length_scale else 1.0
@@ -182,9 +185,11 @@ HYPERPARAMETERS_NOTE = ("chosen once on axial RoPE (quick preset): mean pooling 
                         "over attention pooling, 6x6 grid and 400 steps for isotropy; identical for every family")
 MODEL = {"micro": {"dim": 24, "depth": 1, "heads": 2}, "quick": {"dim": 48, "depth": 3, "heads": 2},
          "full": {"dim": 192, "depth": 6, "heads": 4}}
+MODEL["standard"] = MODEL["quick"]  # standard: quick's model and training, more seeds and larger evaluation sets
 TRAIN = {"micro": {"steps": 6, "batch": 8, "lr": 3e-3, "warmup": 2},
          "quick": {"steps": 250, "batch": 32, "lr": 2e-3, "warmup": 25, "ckpt_every": 100},
          "full": {"steps": 5000, "batch": 256, "lr": 1e-3, "warmup": 250, "ckpt_every": 1000}}
+TRAIN["standard"] = TRAIN["quick"]
 
 
 def make_vision_model(classes: int):

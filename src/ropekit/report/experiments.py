@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ._html import table  # noqa: E402
 
 __all__ = ["experiments_section", "find_results", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars",
-           "plot_lambda_sweep", "lambda_series", "PANEL_ABOVE"]
+           "plot_lambda_sweep", "lambda_series", "plot_forest", "claims_table", "scope", "PANEL_ABOVE",
+           "VERDICT_COLOURS"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -242,6 +243,127 @@ def _costs(agg: dict) -> str:
                          f"wall × {ref or '–'}"], rows)
 
 
+VERDICT_COLOURS = {"reproduced": "#1a9850", "contradicted": "#d73027", "no effect": "#4575b4",
+                   "inconclusive": "#878787"}
+
+
+def adjusted(agg: dict) -> bool:
+    """Whether ``agg`` carries family-wise adjusted verdicts and a δ per claim (aggregates written before
+    these existed, such as the first stored quick runs, do not)."""
+    return bool(agg.get("claims")) and "verdict_unadjusted" in agg["claims"][0]
+
+
+def scope(agg: dict) -> str:
+    """How to read this aggregate's verdicts, in a few words."""
+    preset = agg["preset"]
+    if not adjusted(agg):
+        return f"{preset}, unadjusted"
+    if preset in ("micro", "quick"):
+        return f"{preset}: a look, not sized to decide"
+    return f"{preset}: sized to decide"
+
+
+def _short(text: str, n: int = 46) -> str:
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def plot_forest(agg: dict, path: Path, title: str) -> str:
+    """Each claim's advantage (positive favours the claim) with its intervals, the ±δ band shaded, the verdict
+    marked at the right; the replication (if run) drawn under the discovery. Returns a caption."""
+    claims = agg["claims"]
+    adj = adjusted(agg)
+    rep = adj and any(c.get("replication") for c in claims)
+    rows = len(claims) * (2 if rep else 1)
+    height = 1.5 + 0.36 * rows
+    fig, ax = plt.subplots(figsize=(10.4, height))
+    labels, ticks = [], []
+    y = rows - 1
+    spans = []
+    for c in claims:
+        sets = [("discovery", c)] + ([("replication", c["replication"])] if rep and c.get("replication") else [])
+        if rep and not c.get("replication"):
+            sets.append(("replication", None))
+        top = y
+        for which, r in sets:
+            if r is not None:
+                a = r["advantage"]
+                colour = VERDICT_COLOURS.get(r["verdict"], "k")
+                if adj:  # the adjusted (Bonferroni) interval: thin and wide; the claim's own 95 %: thick
+                    b = r["advantage_adjusted"]
+                    ax.plot([b["lo"], b["hi"]], [y, y], color=colour, lw=1.2, solid_capstyle="butt")
+                ax.plot([a["lo"], a["hi"]], [y, y], color=colour, lw=4.5, alpha=0.55, solid_capstyle="butt")
+                ax.plot([a["mean"]], [y], marker="o" if which == "discovery" else "s", color=colour, ms=5)
+                tag = r["verdict"] if adj else f"{r['verdict']} (unadjusted)"
+                if which == "discovery" and rep:
+                    tag += f"; {c['confirmation']}" if c.get("confirmation") else ""
+                spans.append((y, tag, colour))
+            labels.append(f"{c['id']}: {_short(c['claim'])}" if which == "discovery" else f"{c['id']} replication")
+            ticks.append(y)
+            y -= 1
+        delta = c.get("delta")
+        if delta:
+            ax.fill_between([-delta, delta], y + 0.58, top + 0.42, color="0.85", zorder=0, lw=0)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(ticks, labels, fontsize=7.5)
+    ax.set_ylim(-0.7, rows - 0.3)
+    for yy, tag, colour in spans:
+        ax.annotate(tag, (1.01, yy), xycoords=("axes fraction", "data"), va="center", fontsize=7.5, color=colour,
+                    annotation_clip=False)
+    ax.set_xlabel("advantage of design over baseline, in the metric's units (> 0 favours the claim)")
+    ax.set_ylabel("claim")
+    unit = "seeds" if agg["seeds"] != 1 else "seed"
+    sub = (f"{agg['seeds']} {unit}; thick: 95 % interval, thin: Holm/Bonferroni-adjusted over {len(claims)} claims; "
+           "grey band: ±δ" if adj else f"{agg['seeds']} {unit}; bar: 95 % interval (no adjustment, no δ recorded)")
+    if rep:
+        sub += f"; squares: replication ({agg['replication']['seeds']} other seeds)"
+    ax.set_title(f"{title} ({scope(agg)})\n{sub}", fontsize=8.5)
+    ax.grid(alpha=0.3, axis="x")
+    # fixed margins (inches): claim labels on the left, verdicts on the right, title above, x label below
+    fig.subplots_adjust(left=0.32, right=0.76, bottom=0.62 / height, top=1 - 0.62 / height)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    counts = {}
+    for c in claims:
+        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    return (f"Forest plot of {len(claims)} claims ({scope(agg)}): " + ", ".join(
+        f"{n} {v}" for v, n in sorted(counts.items())) + (" (unadjusted 95 % verdicts)." if not adj else
+                                                         " (family-wise adjusted verdicts)."))
+
+
+def _interval(iv: dict) -> str:
+    return f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"
+
+
+def claims_table(entries: list[tuple[str, dict]]) -> str:
+    """One HTML table of every claim of every aggregate: experiment, claim, paper and section, metric, effect
+    and 95 % interval, adjusted interval and verdict, seeds, replication."""
+    rows = []
+    for run, agg in entries:
+        adj = adjusted(agg)
+        seeds = agg.get("seed_list")
+        seed_text = f"{agg['seeds']}" + (f" ({seeds[0]}–{seeds[-1]})" if seeds and len(seeds) > 1 else "")
+        for c in agg["claims"]:
+            a = c["advantage"]
+            if adj:
+                b = c["advantage_adjusted"]
+                adj_cell = f"[{b['lo']:+.3f}, {b['hi']:+.3f}] ({100 * c['adjusted_level']:.1f} %), Holm p {c['p_holm']:.3g}"
+                verdict = f"<b>{c['verdict']}</b> (unadjusted: {c['verdict_unadjusted']})"
+                if c.get("seeds_to_decide"):
+                    verdict += f"; ≈{c['seeds_to_decide']} seeds to decide"
+            else:
+                adj_cell = "—"
+                verdict = f"{c['verdict']} (unadjusted)"
+            r = c.get("replication")
+            rep_cell = (f"{r['verdict']}, {_interval(r['advantage'])}: <b>{c['confirmation']}</b>" if r else "not run")
+            rows.append([html.escape(run), f"{c['id']}: {html.escape(c['claim'])}", html.escape(c["source"]),
+                         f"<code>{c['metric']}</code> ({c['better']} is better)"
+                         + (f", δ = {c['delta']:g}" if c.get("delta") else ""),
+                         f"{a['mean']:+.3f}", f"[{a['lo']:+.3f}, {a['hi']:+.3f}]", adj_cell, verdict,
+                         f"{seed_text}; {html.escape(scope(agg))}", rep_cell])
+    return table(["experiment", "claim", "paper, section", "metric", "effect", "95 % interval",
+                  "adjusted interval", "verdict (adjusted)", "seeds", "replication"], rows)
+
+
 def _verdicts(agg: dict) -> str:
     rows = []
     for c in agg["claims"]:
@@ -249,7 +371,7 @@ def _verdicts(agg: dict) -> str:
         rows.append([c["id"], html.escape(c["claim"]), html.escape(c["source"]), f"<code>{c['metric']}</code> "
                      f"({c['better']} is better)", f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
                      f"{c['baseline_mean']:.3f}", f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}]",
-                     f"<b>{c['verdict']}</b>"])
+                     f"<b>{c['verdict']}</b>" + ("" if adjusted(agg) else " (unadjusted)")])
     return table(["id", "claim", "paper", "metric", "means", "advantage (95 % CI)", "verdict"], rows)
 
 
@@ -297,7 +419,7 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
     ``ValueError`` when it holds none (see :func:`find_results`)."""
     from ..experiments.registry import get
 
-    parts, metrics = [], {}
+    parts, metrics, entries = [], {}, []
     for f in find_results(experiments_dir):
         agg = _read_aggregate(f)
         name = agg["experiment"]
@@ -332,8 +454,20 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
             if cap is not None:
                 parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         parts.append(_costs(agg))
+        if agg["claims"]:
+            png = f"exp_{run}_forest.png"
+            cap = plot_forest(agg, out / png, run)
+            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
         parts.append(_verdicts(agg))
+        entries.append((run, agg))
         metrics[run] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"],
-                         "cost_cpu_ratio": {d: c["cpu_ratio"] for d, c in agg.get("cost", {}).get("designs", {}).items()}}
-    return {"title": "Experiments: trained small models against the papers' claims", "html": "\n".join(parts),
-            "metrics": metrics}
+                        "scope": scope(agg),
+                        "cost_cpu_ratio": {d: c["cpu_ratio"] for d, c in agg.get("cost", {}).get("designs", {}).items()}}
+    overview = ("<h3>Every claim at a glance</h3><p class='note'>Effect = mean paired advantage of the design over "
+                "its baseline (positive favours the claim). Verdicts: reproduced / contradicted (interval on one "
+                "side of 0), no effect (inside ±δ, the claim's declared smallest effect of interest), inconclusive. "
+                "The adjusted verdict holds the family-wise error of an experiment's claims at 5 % (Holm on the "
+                "paired t-tests; Bonferroni interval for no effect); aggregates stored before adjustment existed "
+                "show their unadjusted verdict only.</p>" + claims_table(entries)) if entries else ""
+    return {"title": "Experiments: trained small models against the papers' claims",
+            "html": overview + "\n".join(parts), "metrics": metrics}
