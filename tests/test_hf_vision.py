@@ -99,6 +99,28 @@ def test_several_images_in_one_call_reproduce_the_stock_encoder():
         assert not ropekit.hf.vision.is_vision_patched(model)
 
 
+@pytest.mark.parametrize("family,options", [("axial", {})] + [f for f in OTHER_FAMILIES if f[0] in
+                                                               ("axial", "directional", "mixed", "grape")],
+                         ids=lambda v: str(v))
+def test_inference_rotates_in_place_with_the_same_results(encoder, family, options):
+    """Without autograd the patch rotates the projections' outputs where they lie (no new tensors); the
+    results are those of the functional rotation autograd gets, bit for bit, and stock's for stock axial."""
+    name, model, inputs, unseen = encoder
+    with torch.no_grad():
+        stock = _out(model, inputs)
+    patch_vision_model(model, family, **options)
+    for x in (inputs, unseen):
+        functional = _out(model, x).detach()
+        with torch.no_grad():
+            in_place = _out(model, x)
+        with torch.inference_mode():
+            inference = _out(model, x)
+        assert torch.equal(in_place, functional) and torch.equal(inference, functional), (name, family)
+    if (family, options) == ("axial", {}):
+        with torch.no_grad():
+            assert torch.equal(_out(model, inputs), stock), name
+
+
 def test_the_patch_is_live_other_frequencies_change_the_outputs(encoder):
     name, model, inputs, _ = encoder
     stock = _out(model, inputs)

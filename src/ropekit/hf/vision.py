@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..apply.blocks import apply_block_rotation, apply_plane_rotation
-from ..apply.fused import apply_rotary_fused
+from ..apply.fused import _plain, apply_rotary_fused
 from ..apply.geope import GeoPE, apply_geope
 from ..apply.planar import cos_sin
 from ..nn.learned import GRAPE, ComRoPE, LieRE
@@ -56,11 +56,14 @@ _ROTARY_ATTR = "ropekit_rotary"
 
 
 # --------------------------------------------------------------------------------------------------
-# rotators: tables(coords) once per attention call, apply(x (B, H, L, D), tables) per q and k
+# rotators: tables(coords) once per attention call, apply(x (B, H, L, D), tables) per q and k; those with
+# ``writes_in_place`` also take apply(..., inplace=True), which rotates x itself
 
 
 class _Planar:
     """A shared planar rotation ``angles(coords, W)`` (axial, directional)."""
+
+    writes_in_place = True  # apply(..., inplace=True) rotates x where it lies (no allocation)
 
     def __init__(self, W: Optional[torch.Tensor] = None, rope: Optional[DirectionalRoPE] = None) -> None:
         self.W, self.rope = W, rope
@@ -70,17 +73,19 @@ class _Planar:
             return self.rope.cos_sin(coords)
         return cos_sin(angles(coords, self.W.to(coords.device)))
 
-    def apply(self, x: torch.Tensor, tables) -> torch.Tensor:
-        return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2)
+    def apply(self, x: torch.Tensor, tables, inplace: bool = False) -> torch.Tensor:
+        return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2, out=x if inplace else None)
 
 
 class _Mixed:
+    writes_in_place = True
+
     def tables(self, module: MixedFrequencies, coords: torch.Tensor):
         c, s = cos_sin(module(coords))
         return c[None], s[None]  # (1, H, L, R/2)
 
-    def apply(self, x: torch.Tensor, tables) -> torch.Tensor:
-        return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2)
+    def apply(self, x: torch.Tensor, tables, inplace: bool = False) -> torch.Tensor:
+        return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2, out=x if inplace else None)
 
 
 class _GeoPE:
@@ -103,15 +108,18 @@ class _Blocks:  # LieRE, ComRoPE
 
 
 class _Grape:
+    writes_in_place = True  # the learned form rotates into a new tensor, then copies it back
+
     def tables(self, module: GRAPE, coords: torch.Tensor):
         cos, sin = module.cos_sin(coords)
         return cos, sin, (module.basis() if module.learned else None), module.channels
 
-    def apply(self, x: torch.Tensor, tables) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, tables, inplace: bool = False) -> torch.Tensor:
         cos, sin, U, channels = tables
         if U is None:
-            return apply_rotary_fused(x, cos, sin, channels=channels, seq_dim=-2)
-        return apply_plane_rotation(x, U, cos, sin, seq_dim=-2)
+            return apply_rotary_fused(x, cos, sin, channels=channels, seq_dim=-2, out=x if inplace else None)
+        y = apply_plane_rotation(x, U, cos, sin, seq_dim=-2)
+        return x.copy_(y) if inplace else y
 
 
 class _Context:
@@ -134,8 +142,19 @@ class _Context:
             raise ValueError(f"patch_vision_model: the attention got {tokens} tokens but {self.length} patch "
                              f"coordinates; the encoder's inputs do not match its position embeddings")
         prefix, patches = x.split((tokens - self.length, self.length), dim=1)
+        if self._writable(x):  # the projection's fresh output, which nothing else reads: rotate it where it lies
+            self.rotator.apply(patches.transpose(1, 2), self.tables, inplace=True)
+            return x
         rotated = self.rotator.apply(patches.transpose(1, 2), self.tables).transpose(1, 2).to(x.dtype)
         return rotated if tokens == self.length else torch.cat((prefix, rotated), dim=1)
+
+    def _writable(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` may be rotated in place: a rotation with an ``out=`` form, no autograd (the in-place
+        form is not differentiable) and no torch.func wrapper."""
+        if not getattr(self.rotator, "writes_in_place", False) or torch.is_grad_enabled():
+            return False
+        tensors = [x, *(t for t in self.tables if isinstance(t, torch.Tensor))]
+        return all(_plain(t) for t in tensors) and not any(t.requires_grad for t in tensors)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,7 +283,10 @@ def _proj_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
     if hook.fused:  # Qwen: (L, 3·H·D), q and k are the first two thirds
         qkv = out.reshape(1, out.shape[0], 3, heads, -1)
         q, k, v = qkv.unbind(2)
-        return torch.stack((ctx.rotate(q), ctx.rotate(k), v), dim=2).reshape(out.shape)
+        q2, k2 = ctx.rotate(q), ctx.rotate(k)
+        if q2 is q and k2 is k:  # rotated in place: out holds the result
+            return out
+        return torch.stack((q2, k2, v), dim=2).reshape(out.shape)
     return ctx.rotate(out.reshape(*out.shape[:-1], heads, -1)).reshape(out.shape)
 
 
