@@ -1,5 +1,5 @@
 """ropekit designs inside the 3-axis families whose position code has the Qwen-VL shape: Qwen3-VL-MoE, Qwen3.5-MoE,
-GLM-4.1V / 4.5V / 4.6V, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs).
+GLM-4.1V / 4.5V / 4.6V, GLM-OCR, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs).
 
 References: the stock transformers model with the same weights (the stock-equivalent patch, M-RoPE with
 ``continuation="spatial"`` in the family's native allocation, must give its logits, positions, ``rope_deltas`` and
@@ -75,6 +75,12 @@ def _glm46v(text="glm4v_text"):
         vision_config=dict(GLM_VISION, model_type="glm4v_vision"), image_token_id=IMG, video_token_id=VID))
 
 
+def _glm_ocr():
+    return T.GlmOcrForConditionalGeneration(T.GlmOcrConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=GLM_ROPE), vision_config=GLM_VISION, image_token_id=IMG,
+        video_token_id=VID))
+
+
 def _ernie():
     # mrope_section [h, w, t]: h and w alternate over the 6 highest-frequency pairs, t takes the 2 lowest
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
@@ -110,6 +116,7 @@ FAMILIES = {
     "glm4v": Family(_glm4v, (24,), "frames", video_id=IMG),
     "glm4v_moe": Family(_glm4v_moe, (24,), "frames", video_id=IMG),
     "glm46v": Family(_glm46v, (24,), "frames", video_id=IMG),
+    "glm_ocr": Family(_glm_ocr, (24,), "frames", video_id=IMG),
     "ernie4_5_vl_moe": Family(_ernie, (12,), "block", temporal_merge=2),
     "paddleocr_vl": Family(_paddleocr_vl, (3, 2, 2), None),
 }
