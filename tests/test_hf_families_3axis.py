@@ -1,5 +1,6 @@
 """ropekit designs inside the 3-axis families whose position code has the Qwen-VL shape: Qwen3-VL-MoE, Qwen3.5-MoE,
-GLM-4.1V / 4.5V / 4.6V, GLM-OCR, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs).
+GLM-4.1V / 4.5V / 4.6V, GLM-OCR, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs); and the
+refusal of HunYuan-VL, whose position code has another shape.
 
 References: the stock transformers model with the same weights (the stock-equivalent patch, M-RoPE with
 ``continuation="spatial"`` in the family's native allocation, must give its logits, positions, ``rope_deltas`` and
@@ -443,3 +444,66 @@ def test_ernie_sections_must_interleave_height_and_width():
     with pytest.raises(ValueError, match=r"\[h, w, t\] with h == w"):
         patch_model(model, "circle")
     assert not is_patched(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# families refused: their position code does not have the Qwen-VL shape (docs/hf.md, "Families ropekit refuses").
+# The reference for each reason is the stock transformers model itself.
+
+
+def _hunyuan_vl():
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]}  # sequence, width, height, image
+    return T.HunYuanVLForConditionalGeneration(T.HunYuanVLConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=rope),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_attention_heads=2, num_hidden_layers=1, patch_size=2,
+                           spatial_merge_size=2, out_hidden_size=32),
+        image_token_id=IMG, im_start_id=72, im_end_id=73, im_newline_id=74))
+
+
+REFUSED = {"hunyuan_vl": _hunyuan_vl}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_families_say_why_and_list_the_supported_ones(name):
+    model = REFUSED[name]().eval()
+    assert name not in supported_models()
+    for target in (model, model.model):
+        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
+            patch_model(target, "mrope", continuation="spatial")
+        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
+        assert not is_patched(target)
+    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+
+
+def test_hunyuan_vl_rotary_turns_the_two_channels_of_a_pair_by_different_axes():
+    """Why HunYuan-VL is refused (1): its stock cos/sin are no rotation once the axes differ. Channel j and j + D/2
+    are the pair transformers' rotate_half turns together; on a token whose axes agree (text) both carry the same
+    angle, on a token whose axes differ (an image token) they do not, which no one-angle-per-pair table reproduces."""
+    rotary = _hunyuan_vl().model.language_model.rotary_emb
+    x = torch.zeros(1, 2, 16)
+    pos = torch.tensor([[5, 5], [5, 0], [5, 1], [5, 0]])[:, None, :]  # (axes, batch, tokens): text at 5, image token
+    cos, sin = rotary(x, pos)
+    half = cos.shape[-1] // 2
+    assert torch.equal(cos[0, 0, :half], cos[0, 0, half:]) and torch.equal(sin[0, 0, :half], sin[0, 0, half:])
+    assert not torch.allclose(cos[0, 1, :half], cos[0, 1, half:])
+
+
+def test_hunyuan_vl_places_image_axes_from_zero_and_counts_images_across_the_batch():
+    """Why HunYuan-VL is refused (2): stock get_rope_index keeps every token's sequence index on the first axis,
+    puts an image's tokens at (width, height) from 0 with a newline column, and numbers images over the whole batch,
+    so a sample's positions depend on the samples before it (no per-sample layout gives them)."""
+    model = _hunyuan_vl()
+    # as the processor writes an image: start marker, the vision tower's extra token, a 4 x 4 patch grid merged to
+    # 2 x 2 tokens plus one newline token per row, its closing extra token, end marker
+    ids = torch.tensor([[1, 72] + [IMG] * 8 + [73, 2]] * 2)
+    pos, deltas = model.model.get_rope_index(ids, mm_token_type_ids=(ids == IMG).long(),
+                                             image_grid_thw=torch.tensor([[1, 4, 4]] * 2))
+    assert pos.shape[0] == 4 and torch.equal(pos[0], torch.arange(12).expand(2, -1))
+    grid = slice(3, 9)
+    for axis in (1, 2, 3):  # the extra tokens and the markers keep their sequence index
+        assert torch.equal(pos[axis, :, [0, 1, 2, 9, 10, 11]], pos[0, :, [0, 1, 2, 9, 10, 11]])
+    assert torch.equal(pos[1, 0, grid], torch.tensor([0, 1, 2, 0, 1, 2]))  # width, the newline column last
+    assert torch.equal(pos[2, 0, grid], torch.tensor([0, 0, 0, 1, 1, 1]))  # height
+    assert torch.equal(pos[3, :, grid], torch.tensor([[0] * 6, [1] * 6]))  # the second sample's image is image 1
+    assert torch.equal(deltas, torch.zeros(2, 1, dtype=deltas.dtype))
+

@@ -29,7 +29,7 @@ from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
 from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config
-from .adapters import ADAPTERS, Adapter
+from .adapters import ADAPTERS, REFUSED, Adapter
 from . import boundary, hooks, persist
 from .state import _Geometry, _State
 
@@ -61,6 +61,11 @@ def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module,
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch_model: `model` must be a transformers model (nn.Module), got {type(model).__name__}")
     mtype = getattr(getattr(model, "config", None), "model_type", None)
+    if mtype in REFUSED:
+        raise ValueError(
+            f"patch_model: model type {mtype!r} ({type(model).__name__}) is refused: {REFUSED[mtype]} (docs/hf.md, "
+            f"\"Families ropekit refuses\"); supported: {supported}"
+        )
     if mtype not in ADAPTERS:
         raise ValueError(
             f"patch_model: unsupported model type {mtype!r} ({type(model).__name__}); supported: {supported} "

@@ -19,6 +19,7 @@ from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
 from .qwen3_5_moe import Qwen3_5Moe
+from .refused import REFUSED
 from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
@@ -26,4 +27,4 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
     Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
 
-__all__ = ["Adapter", "ADAPTERS"]
+__all__ = ["Adapter", "ADAPTERS", "REFUSED"]

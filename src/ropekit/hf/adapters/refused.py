@@ -1,0 +1,18 @@
+"""Families ropekit knows and refuses, by transformers ``model_type``, with the reason :func:`ropekit.hf.patch_model`
+gives (docs/hf.md, "Families ropekit refuses", has the details).
+
+A family lands here when its position code does not have the Qwen-VL shape (text on the diagonal, a grid block at
+``s`` on ``(s + frame, s + row, s + column)``, one rotation angle per frequency pair), so that no ropekit design
+reproduces the stock model and no adapter could honour the designs' own placement.
+"""
+
+REFUSED: dict[str, str] = {
+    "hunyuan_vl": (
+        "HunYuan-VL's XD-RoPE has no ropekit counterpart: transformers' HunYuanVLRotaryEmbedding cuts the "
+        "channel-doubled cos/sin table into 2 * mrope_section[i] channels per axis, so on an image token the two "
+        "channels of a frequency pair turn by different axes (not a rotation; ropekit's tables turn each pair by "
+        "one angle), and get_rope_index places len(mrope_section) >= 3 axes (the sequence index, then width "
+        "with a newline column, height, and an image ordinal counted across the whole batch) rather than a "
+        "block at its start position"
+    ),
+}
