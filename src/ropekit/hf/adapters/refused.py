@@ -15,4 +15,10 @@ REFUSED: dict[str, str] = {
         "with a newline column, height, and an image ordinal counted across the whole batch) rather than a "
         "block at its start position"
     ),
+    "minicpmv4_7": (
+        "MiniCPM-V 4.7's canvas M-RoPE has no ropekit counterpart: get_rope_index pins the <image>, </image>, "
+        "<slice>, </slice> and newline markers (text tokens) off the diagonal, stretches the thumbnail over the "
+        "canvas of its slices (rounded linspace, so thumbnail and slice tokens share positions), continues text "
+        "at the block's start + max(h, w) + 1, and its hooks take target_sizes/downsample_mode, not grids"
+    ),
 }
