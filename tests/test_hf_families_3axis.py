@@ -391,10 +391,12 @@ def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
 # family specifics
 
 
-def test_glm_video_grids_need_token_types():
-    """GLM-4V writes video frames with the image token id: without mm_token_type_ids a video cannot be placed."""
-    model = patch_model(_seeded(_glm4v), "circle")
-    inputs, _ = make_batch(FAMILIES["glm4v"], VIDEOS)
+@pytest.mark.parametrize("name", ["glm4v", "glm_ocr"])
+def test_glm_video_grids_need_token_types(name):
+    """GLM-4V and GLM-OCR write video frames with the image token id: without mm_token_type_ids a video cannot be
+    placed."""
+    model = patch_model(_seeded(FAMILIES[name].build), "circle")
+    inputs, _ = make_batch(FAMILIES[name], VIDEOS)
     inputs.pop("mm_token_type_ids")
     with pytest.raises(ValueError, match="image token id.*mm_token_type_ids"):
         _logits(model, inputs)
