@@ -50,7 +50,7 @@ BUILDERS = {
     "qwen3_vl": QWEN_BUILDERS["qwen3_vl"],
     "qwen3_5": _qwen3_5,
     "llava": lambda: _build_llava(_llava_config()),
-    **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, ernie4_5_vl_moe, paddleocr_vl
+    **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, glm_ocr, ernie4_5_vl_moe, paddleocr_vl
     **FAMILY_1D_BUILDERS,  # internvl, gemma3, idefics3, smolvlm, mistral3, paligemma, aya_vision
 }
 

@@ -1,5 +1,6 @@
 """ropekit designs inside the 3-axis families whose position code has the Qwen-VL shape: Qwen3-VL-MoE, Qwen3.5-MoE,
-GLM-4.1V / 4.5V / 4.6V, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs).
+GLM-4.1V / 4.5V / 4.6V, GLM-OCR, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs); and the
+refusal of HunYuan-VL and MiniCPM-V 4.7, whose position code has another shape.
 
 References: the stock transformers model with the same weights (the stock-equivalent patch, M-RoPE with
 ``continuation="spatial"`` in the family's native allocation, must give its logits, positions, ``rope_deltas`` and
@@ -75,6 +76,12 @@ def _glm46v(text="glm4v_text"):
         vision_config=dict(GLM_VISION, model_type="glm4v_vision"), image_token_id=IMG, video_token_id=VID))
 
 
+def _glm_ocr():
+    return T.GlmOcrForConditionalGeneration(T.GlmOcrConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=GLM_ROPE), vision_config=GLM_VISION, image_token_id=IMG,
+        video_token_id=VID))
+
+
 def _ernie():
     # mrope_section [h, w, t]: h and w alternate over the 6 highest-frequency pairs, t takes the 2 lowest
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
@@ -110,6 +117,7 @@ FAMILIES = {
     "glm4v": Family(_glm4v, (24,), "frames", video_id=IMG),
     "glm4v_moe": Family(_glm4v_moe, (24,), "frames", video_id=IMG),
     "glm46v": Family(_glm46v, (24,), "frames", video_id=IMG),
+    "glm_ocr": Family(_glm_ocr, (24,), "frames", video_id=IMG),
     "ernie4_5_vl_moe": Family(_ernie, (12,), "block", temporal_merge=2),
     "paddleocr_vl": Family(_paddleocr_vl, (3, 2, 2), None),
 }
@@ -383,10 +391,12 @@ def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
 # family specifics
 
 
-def test_glm_video_grids_need_token_types():
-    """GLM-4V writes video frames with the image token id: without mm_token_type_ids a video cannot be placed."""
-    model = patch_model(_seeded(_glm4v), "circle")
-    inputs, _ = make_batch(FAMILIES["glm4v"], VIDEOS)
+@pytest.mark.parametrize("name", ["glm4v", "glm_ocr"])
+def test_glm_video_grids_need_token_types(name):
+    """GLM-4V and GLM-OCR write video frames with the image token id: without mm_token_type_ids a video cannot be
+    placed."""
+    model = patch_model(_seeded(FAMILIES[name].build), "circle")
+    inputs, _ = make_batch(FAMILIES[name], VIDEOS)
     inputs.pop("mm_token_type_ids")
     with pytest.raises(ValueError, match="image token id.*mm_token_type_ids"):
         _logits(model, inputs)
@@ -436,3 +446,96 @@ def test_ernie_sections_must_interleave_height_and_width():
     with pytest.raises(ValueError, match=r"\[h, w, t\] with h == w"):
         patch_model(model, "circle")
     assert not is_patched(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# families refused: their position code does not have the Qwen-VL shape (docs/hf.md, "Families ropekit refuses").
+# The reference for each reason is the stock transformers model itself.
+
+
+def _hunyuan_vl():
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]}  # sequence, width, height, image
+    return T.HunYuanVLForConditionalGeneration(T.HunYuanVLConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=rope),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_attention_heads=2, num_hidden_layers=1, patch_size=2,
+                           spatial_merge_size=2, out_hidden_size=32),
+        image_token_id=IMG, im_start_id=72, im_end_id=73, im_newline_id=74))
+
+
+MINICPM_MARKERS = dict(image_start_id=72, image_end_id=73, slice_start_id=74, slice_end_id=75, newline_id=76)
+
+
+def _minicpmv4_7():
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5,
+            "mrope_interleaved": True}
+    return T.MiniCPMV4_7ForConditionalGeneration(T.MiniCPMV4_7Config(
+        text_config=dict(TEXT, model_type="qwen3_5_text", head_dim=16, rope_parameters=rope,
+                         layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+                         linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, patch_size=2,
+                           image_size=8, insert_layer_id=0),
+        image_token_id=IMG, video_token_id=VID, **MINICPM_MARKERS))
+
+
+REFUSED = {"hunyuan_vl": _hunyuan_vl, "minicpmv4_7": _minicpmv4_7}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_families_say_why_and_list_the_supported_ones(name):
+    model = REFUSED[name]().eval()
+    assert name not in supported_models()
+    for target in (model, model.model):
+        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
+            patch_model(target, "mrope", continuation="spatial")
+        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
+        assert not is_patched(target)
+    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+
+
+def test_hunyuan_vl_rotary_turns_the_two_channels_of_a_pair_by_different_axes():
+    """Why HunYuan-VL is refused (1): its stock cos/sin are no rotation once the axes differ. Channel j and j + D/2
+    are the pair transformers' rotate_half turns together; on a token whose axes agree (text) both carry the same
+    angle, on a token whose axes differ (an image token) they do not, which no one-angle-per-pair table reproduces."""
+    rotary = _hunyuan_vl().model.language_model.rotary_emb
+    x = torch.zeros(1, 2, 16)
+    pos = torch.tensor([[5, 5], [5, 0], [5, 1], [5, 0]])[:, None, :]  # (axes, batch, tokens): text at 5, image token
+    cos, sin = rotary(x, pos)
+    half = cos.shape[-1] // 2
+    assert torch.equal(cos[0, 0, :half], cos[0, 0, half:]) and torch.equal(sin[0, 0, :half], sin[0, 0, half:])
+    assert not torch.allclose(cos[0, 1, :half], cos[0, 1, half:])
+
+
+def test_hunyuan_vl_places_image_axes_from_zero_and_counts_images_across_the_batch():
+    """Why HunYuan-VL is refused (2): stock get_rope_index keeps every token's sequence index on the first axis,
+    puts an image's tokens at (width, height) from 0 with a newline column, and numbers images over the whole batch,
+    so a sample's positions depend on the samples before it (no per-sample layout gives them)."""
+    model = _hunyuan_vl()
+    # as the processor writes an image: start marker, the vision tower's extra token, a 4 x 4 patch grid merged to
+    # 2 x 2 tokens plus one newline token per row, its closing extra token, end marker
+    ids = torch.tensor([[1, 72] + [IMG] * 8 + [73, 2]] * 2)
+    pos, deltas = model.model.get_rope_index(ids, mm_token_type_ids=(ids == IMG).long(),
+                                             image_grid_thw=torch.tensor([[1, 4, 4]] * 2))
+    assert pos.shape[0] == 4 and torch.equal(pos[0], torch.arange(12).expand(2, -1))
+    grid = slice(3, 9)
+    for axis in (1, 2, 3):  # the extra tokens and the markers keep their sequence index
+        assert torch.equal(pos[axis, :, [0, 1, 2, 9, 10, 11]], pos[0, :, [0, 1, 2, 9, 10, 11]])
+    assert torch.equal(pos[1, 0, grid], torch.tensor([0, 1, 2, 0, 1, 2]))  # width, the newline column last
+    assert torch.equal(pos[2, 0, grid], torch.tensor([0, 0, 0, 1, 1, 1]))  # height
+    assert torch.equal(pos[3, :, grid], torch.tensor([[0] * 6, [1] * 6]))  # the second sample's image is image 1
+    assert torch.equal(deltas, torch.zeros(2, 1, dtype=deltas.dtype))
+
+
+def test_minicpmv4_7_pins_its_markers_off_the_diagonal():
+    """Why MiniCPM-V 4.7 is refused: stock get_rope_index starts the image block at the ``<image>`` marker's own
+    index and pins that marker (a text token) to the halo (s, s - 1, s - 1), ``</image>`` to the far corner
+    (s, s + h, s + w), and continues text at s + max(h, w) + 1; ropekit's designs place text on the diagonal."""
+    model = _minicpmv4_7()
+    start, end = MINICPM_MARKERS["image_start_id"], MINICPM_MARKERS["image_end_id"]
+    ids = torch.tensor([[1, 2, 3, start] + [IMG] * 4 + [end, 4, 5]])  # an 8 x 8 patch image merges to 2 x 2 tokens
+    types = (ids == IMG).long()
+    pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=types, target_sizes=torch.tensor([[8, 8]]))
+    s = 3
+    assert types[0, s] == 0 and pos[:, 0, s].tolist() == [s, s - 1, s - 1]
+    assert pos[:, 0, 4:8].tolist() == [[s] * 4, [s, s, s + 1, s + 1], [s, s + 1, s, s + 1]]
+    assert pos[:, 0, 8].tolist() == [s, s + 2, s + 2]
+    assert pos[:, 0, 9:].tolist() == [[s + 3, s + 4]] * 3

@@ -29,7 +29,7 @@ from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
 from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config
-from .adapters import ADAPTERS, Adapter
+from .adapters import ADAPTERS, REFUSED, Adapter
 from . import boundary, hooks, persist
 from .state import _Geometry, _State
 
@@ -61,6 +61,11 @@ def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module,
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch_model: `model` must be a transformers model (nn.Module), got {type(model).__name__}")
     mtype = getattr(getattr(model, "config", None), "model_type", None)
+    if mtype in REFUSED:
+        raise ValueError(
+            f"patch_model: model type {mtype!r} ({type(model).__name__}) is refused: {REFUSED[mtype]} (docs/hf.md, "
+            f"\"Families ropekit refuses\"); supported: {supported}"
+        )
     if mtype not in ADAPTERS:
         raise ValueError(
             f"patch_model: unsupported model type {mtype!r} ({type(model).__name__}); supported: {supported} "
@@ -263,7 +268,7 @@ def patch_model(
     **design_options: Any,
 ) -> nn.Module:
     """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
-    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL,
+    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, GLM-OCR, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL,
     Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma, Aya Vision) use ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
@@ -271,7 +276,7 @@ def patch_model(
     bool/design name per layer) layers on the schedule get ``design`` (or the first of a pair of names)
     and the others the second design (M-RoPE by default). ``allocation`` overrides the frequency
     layout (a name, or a mapping design → name); by default each design uses its own, and 3-axis
-    designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, GLM-4V and PaddleOCR-VL,
+    designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, GLM-4V, GLM-OCR and PaddleOCR-VL,
     interleaved on Qwen3-VL and Qwen3.5, VideoRoPE's on ERNIE-4.5-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
     per axis, summing to the rotary half-dim). On the 1-D families (LLaVA, InternVL, Gemma 3, …) 3-axis designs
     default to chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling

@@ -4,6 +4,7 @@ from .base import Adapter
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .gemma3 import Gemma3
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
+from .glm_ocr import GlmOcr
 from .idefics3 import Idefics3
 from .internvl import InternVL
 from .llava import Llava
@@ -18,11 +19,12 @@ from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
 from .qwen3_5_moe import Qwen3_5Moe
+from .refused import REFUSED
 from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
+    GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
     Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
 
-__all__ = ["Adapter", "ADAPTERS"]
+__all__ = ["Adapter", "ADAPTERS", "REFUSED"]

@@ -30,21 +30,24 @@ class Glm4V(Adapter):
     native_allocation = "mrope"  # chunked sections, as Qwen2-VL
     default_sections = (8, 12, 12)
     video_ids_distinct = False
+    #: the language model classes this family may hold, with their cos/sin layout, and what to call them
+    text_layouts: dict = TEXT_LAYOUTS
+    text_models: str = "GLM-4.1V's and GLM-4.5V's"
 
     def check(self, inner: nn.Module) -> None:
         text = getattr(inner, "language_model", None)
         cls = type(text).__name__
-        if cls not in TEXT_LAYOUTS:
+        if cls not in self.text_layouts:
             raise ValueError(
                 f"patch_model: {self.model_type} with a {cls} language model is not supported: ropekit knows the "
-                f"rotary layout of {' and '.join(TEXT_LAYOUTS)} only (GLM-4.1V's and GLM-4.5V's)"
+                f"rotary layout of {' and '.join(self.text_layouts)} only ({self.text_models})"
             )
 
     def rotary_dim(self, text: nn.Module) -> int:
         return partial_rotary_dim(text)
 
     def table_layout(self, text: nn.Module) -> str:
-        return TEXT_LAYOUTS[type(text).__name__]
+        return self.text_layouts[type(text).__name__]
 
     def video_grids(self, video_grid_thw: Any, temporal_merge: int = 1) -> Any:
         return split_frames(video_grid_thw)

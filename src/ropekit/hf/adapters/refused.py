@@ -1,0 +1,24 @@
+"""Families ropekit knows and refuses, by transformers ``model_type``, with the reason :func:`ropekit.hf.patch_model`
+gives (docs/hf.md, "Families ropekit refuses", has the details).
+
+A family lands here when its position code does not have the Qwen-VL shape (text on the diagonal, a grid block at
+``s`` on ``(s + frame, s + row, s + column)``, one rotation angle per frequency pair), so that no ropekit design
+reproduces the stock model and no adapter could honour the designs' own placement.
+"""
+
+REFUSED: dict[str, str] = {
+    "hunyuan_vl": (
+        "HunYuan-VL's XD-RoPE has no ropekit counterpart: transformers' HunYuanVLRotaryEmbedding cuts the "
+        "channel-doubled cos/sin table into 2 * mrope_section[i] channels per axis, so on an image token the two "
+        "channels of a frequency pair turn by different axes (not a rotation; ropekit's tables turn each pair by "
+        "one angle), and get_rope_index places len(mrope_section) >= 3 axes (the sequence index, then width "
+        "with a newline column, height, and an image ordinal counted across the whole batch) rather than a "
+        "block at its start position"
+    ),
+    "minicpmv4_7": (
+        "MiniCPM-V 4.7's canvas M-RoPE has no ropekit counterpart: get_rope_index pins the <image>, </image>, "
+        "<slice>, </slice> and newline markers (text tokens) off the diagonal, stretches the thumbnail over the "
+        "canvas of its slices (rounded linspace, so thumbnail and slice tokens share positions), continues text "
+        "at the block's start + max(h, w) + 1, and its hooks take target_sizes/downsample_mode, not grids"
+    ),
+}
