@@ -49,6 +49,12 @@ class Adapter:
     #: decoder layers' forward, that the family adds and the patch hands on unread (MoE routing switches)
     forward_params: frozenset = frozenset()
     layer_params: frozenset = frozenset()
+    #: parameters the family's ``compute_3d_position_ids`` / ``get_rope_index`` (and ``generate``'s model kwargs)
+    #: take beyond the common ones; :meth:`position_arguments` turns them into the common names or refuses them
+    position_params: frozenset = frozenset()
+    #: the family's forwards and ``get_rope_index`` take ``mm_token_type_ids`` (token types otherwise come from the
+    #: image and video token ids only, and ``generate`` is not handed any)
+    takes_token_types: bool = True
 
     @property
     def name(self) -> str:
@@ -81,6 +87,17 @@ class Adapter:
     def tokens_per_second(self, vision_config: Any) -> Optional[float]:
         """Temporal positions per second of video, when the family scales video time (else None)."""
         return None
+
+    def time_rate(self, config: Any) -> Optional[float]:
+        """Temporal positions per second of video for a bare model's ``config`` (:meth:`tokens_per_second` of its
+        vision config unless the family keeps the rate elsewhere)."""
+        return self.tokens_per_second(getattr(config, "vision_config", None))
+
+    def position_arguments(self, given: dict) -> dict:
+        """A position call's arguments (by name) in the common names the hooks read: ``image_grid_thw``,
+        ``video_grid_thw``, ``second_per_grid_ts``, ``mm_token_type_ids`` and the rest as given. A family with
+        :attr:`position_params` renames its own, and refuses those it cannot honour with a ValueError."""
+        return given
 
     def temporal_merge(self, vision_config: Any) -> int:
         """Video grid steps merged into one token step (the grid's ``t`` given to the design is divided by this)."""
