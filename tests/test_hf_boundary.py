@@ -24,6 +24,7 @@ from ropekit.hf.hooks import Hook
 from test_hf_conformance import BUILDERS as QWEN_BUILDERS
 from test_hf_families_3axis import BUILDERS as FAMILY_BUILDERS
 from test_hf_llava import _build as _build_llava, _config as _llava_config
+from test_hf_omni import BUILDERS as OMNI_BUILDERS
 from test_hf_vision import ENCODERS
 
 NEW = "ropekit_probe_arg"  # a parameter no transformers release has
@@ -50,6 +51,7 @@ BUILDERS = {
     "qwen3_5": _qwen3_5,
     "llava": lambda: _build_llava(_llava_config()),
     **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, ernie4_5_vl_moe, paddleocr_vl
+    **OMNI_BUILDERS,  # qwen2_5_omni_thinker, qwen3_omni_moe_thinker
 }
 
 
@@ -221,5 +223,18 @@ def test_a_parameter_one_family_adds_is_refused_on_the_others(models, monkeypatc
             new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
             _with_signature(mp, cls, name, lambda ps: _add(ps, new))
             with pytest.raises(UnsupportedTransformersError, match=rf"{cls.__name__}\.{name}.*`{param}`"):
+                patch_model(model, "circle")
+        assert not is_patched(model)
+
+
+def test_the_omni_position_parameters_are_refused_on_the_other_families(models, monkeypatch):
+    """Qwen2.5-Omni's position code takes ``use_audio_in_video`` and ``video_second_per_grid``; only its adapter
+    knows them (and refuses audio in video): on Qwen2.5-VL the same parameter is unknown and refused by name."""
+    model = models("qwen2_5_vl")
+    for param in ("use_audio_in_video", "video_second_per_grid", "audio_feature_lengths"):
+        with monkeypatch.context() as mp:
+            new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
+            _with_signature(mp, type(model.model), "compute_3d_position_ids", lambda ps: _add(ps, new))
+            with pytest.raises(UnsupportedTransformersError, match=rf"compute_3d_position_ids.*`{param}`"):
                 patch_model(model, "circle")
         assert not is_patched(model)

@@ -1,7 +1,8 @@
-"""ropekit designs inside Qwen2.5-Omni's thinker (tiny random model built from a config): text, images, videos and
-audio.
+"""ropekit designs inside Qwen2.5-Omni's and Qwen3-Omni-MoE's thinkers (tiny random models built from configs): text,
+images, videos and audio.
 
-References: the stock transformers model with the same weights (the stock-equivalent patch, ``tmrope``, must give
+References: the stock transformers model with the same weights (the stock-equivalent patch, ``tmrope`` with the
+family's ``temporal_rounding``, must give
 its logits, positions, ``rope_deltas`` and ``generate`` output bit for bit), each design's ``ropekit.positions`` on
 the layout the model sees (audio as ``A{n}``), and one teacher-forced forward over the whole sequence (cached
 generation must reproduce its logits).
@@ -10,9 +11,13 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+from dataclasses import dataclass
+from typing import Callable
+
 import pytest
 import torch
 import transformers as T
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 import ropekit
 from ropekit import Audio, Image, Layout, Text, Video
@@ -40,21 +45,64 @@ def _thinker():
         audio_end_token_id=A_END, vision_start_token_id=V_START, vision_end_token_id=V_END))
 
 
-@pytest.fixture(scope="module")
-def model():
+def _qwen3_thinker():
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    return T.Qwen3OmniMoeThinkerForConditionalGeneration(T.Qwen3OmniMoeThinkerConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=80, num_hidden_layers=2, head_dim=16, rope_parameters=rope, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=16),
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0]),
+        audio_config=dict(num_mel_bins=MEL, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                          d_model=16, output_dim=32, n_window=50, n_window_infer=100, downsample_hidden_size=8,
+                          max_source_positions=200),
+        audio_token_id=AUD, image_token_id=IMG, video_token_id=VID, audio_start_token_id=A_START,
+        audio_end_token_id=A_END, vision_start_token_id=V_START, vision_end_token_id=V_END))
+
+
+def _frames_25(n):
+    """Mel frames Qwen2.5-Omni's audio encoder turns into ``n`` tokens (two stride-2 stages)."""
+    return 4 * n + 1
+
+
+def _frames_3(n):
+    """Mel frames Qwen3-Omni's audio encoder turns into ``n`` tokens: the shortest its own length formula maps to n."""
+    return next(f for f in range(1, 100) if int(_get_feat_extract_output_lengths(torch.tensor(f), 50)) == n)
+
+
+@dataclass(frozen=True)
+class Family:
+    build: Callable
+    frames: Callable  # audio tokens -> mel frames
+    stock: dict  # the stock-equivalent design's options
+
+
+FAMILIES = {
+    "qwen2_5_omni_thinker": Family(_thinker, _frames_25, {}),
+    "qwen3_omni_moe_thinker": Family(_qwen3_thinker, _frames_3, {"temporal_rounding": "exact"}),
+}
+BUILDERS = {name: f.build for name, f in FAMILIES.items()}  # for tests/test_hf_boundary.py
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def fam(request):
+    """(family spec, a stock model); the model is unpatched after every test."""
     torch.manual_seed(0)
-    m = _thinker().eval()
+    m = FAMILIES[request.param].build().eval()
     m.generation_config.pad_token_id = PAD
     m.generation_config.eos_token_id = None
     m.generation_config.suppress_tokens = SPECIAL  # a random model may emit them; they would need grids
-    return m
+    yield FAMILIES[request.param], m
+    if is_patched(m):
+        unpatch_model(m)
 
 
 @pytest.fixture(autouse=True)
 def _unpatched_after(request):
     yield
-    if "model" in request.fixturenames:
-        m = request.getfixturevalue("model")
+    if "fam" in request.fixturenames:
+        m = request.getfixturevalue("fam")[1]
         if is_patched(m):
             unpatch_model(m)
         m.model.rope_deltas = None
@@ -64,12 +112,7 @@ def _unpatched_after(request):
 # inputs: ("T", n) text, ("A", n) audio tokens, ("I", h, w) image patch grid, ("V", t, h, w, seconds) video
 
 
-def _audio_frames(n):
-    """Mel frames the thinker's audio encoder turns into ``n`` tokens (two stride-2 stages)."""
-    return 4 * n + 1
-
-
-def make_batch(samples, seed=0):
+def make_batch(family, samples, seed=0):
     """Left-padded thinker inputs and, per sample, the layout its language model sees (spatial merge 2)."""
     g = torch.Generator().manual_seed(seed)
     rows, layouts, img, vid, seconds, audio = [], [], [], [], [], []
@@ -88,7 +131,7 @@ def make_batch(samples, seed=0):
             if s[0] == "T":
                 text(s[1])
             elif s[0] == "A":
-                audio.append(_audio_frames(s[1]))
+                audio.append(family.frames(s[1]))
                 wrapped(A_START, AUD, s[1], Audio(s[1]), A_END)
             elif s[0] == "I":
                 img.append([1, s[1], s[2]])
@@ -128,8 +171,8 @@ MIXED = [[("T", 3), ("A", 2), ("T", 1), ("I", 4, 4), ("T", 2), ("V", 4, 2, 4, 1.
 AUDIO_ONLY = [[("T", 2), ("A", 3), ("T", 2)], [("T", 4), ("A", 2), ("T", 1), ("A", 1), ("T", 1)]]
 
 
-def _batches():
-    return [make_batch(MIXED), make_batch(AUDIO_ONLY, seed=1)]
+def _batches(family):
+    return [make_batch(family, MIXED), make_batch(family, AUDIO_ONLY, seed=1)]
 
 
 def reference_positions(inputs, layouts, design, extra=0, **options):
@@ -157,27 +200,29 @@ def _stock_positions(model, inputs):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_supported_models_lists_the_thinker():
-    assert "qwen2_5_omni_thinker" in supported_models()
-    assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen2_5_omni_thinker"][0] == "mrope"
+def test_supported_models_lists_the_thinkers():
+    assert set(FAMILIES) <= set(supported_models())
+    assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen2_5_omni_thinker"][0] == "mrope"  # chunked sections
+    assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen3_omni_moe_thinker"][0] == "interleaved"
 
 
-def test_stock_equivalent_forward_matches_stock(model):
+def test_stock_equivalent_forward_matches_stock(fam):
     """Audio, images and videos with left padding, and audio with text only: tmrope gives the stock positions,
     rope_deltas and logits bit for bit, and the positions are ``ropekit.positions`` of the layout (audio as A{n})."""
+    family, model = fam
     text = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(3))
     want = []
-    for inputs, _ in _batches():
+    for inputs, _ in _batches(family):
         ref = _logits(model, inputs)
         want.append((ref, *_stock_positions(model, inputs), model.model.rope_deltas))
     want_text = _logits(model, dict(input_ids=text))
-    patch_model(model, "tmrope")
-    for (inputs, layouts), (ref, pos, deltas, set_deltas) in zip(_batches(), want):
+    patch_model(model, "tmrope", **family.stock)
+    for (inputs, layouts), (ref, pos, deltas, set_deltas) in zip(_batches(family), want):
         keep = inputs["attention_mask"].bool()
         out = _logits(model, inputs)
         assert torch.equal(out[keep], ref[keep])
         assert torch.equal(model.model.rope_deltas, set_deltas) and torch.equal(set_deltas, deltas)
-        own = reference_positions(inputs, layouts, "tmrope")
+        own = reference_positions(inputs, layouts, "tmrope", **family.stock)
         assert torch.equal(pos[:, keep].float(), own[:, keep])
         for p in last_positions(model).values():
             assert torch.equal(p[:, keep], own[:, keep])
@@ -188,23 +233,26 @@ def test_stock_equivalent_forward_matches_stock(model):
     assert torch.equal(_logits(model, dict(input_ids=text)), want_text)
 
 
-def test_tmrope_is_not_mrope_here(model):
-    """The mixed batch's video at 1.4 s per grid is where TMRoPE's float32 order matters: M-RoPE with the same
-    Δt places a frame one position off, so it is no stock-equivalent patch of this family."""
-    inputs, layouts = make_batch(MIXED)
+def test_tmrope_is_not_mrope_here(fam):
+    """The mixed batch's video at 1.4 s per grid is where TMRoPE's float32 order matters (and Qwen3-Omni keeps
+    fractional times): M-RoPE with the same Δt places frames elsewhere, so it is no stock-equivalent patch here."""
+    family, model = fam
+    inputs, layouts = make_batch(family, MIXED)
     keep = inputs["attention_mask"].bool()
     ref = _logits(model, inputs)
     patch_model(model, "mrope")
-    assert not torch.equal(reference_positions(inputs, layouts, "mrope"), reference_positions(inputs, layouts, "tmrope"))
+    stock = reference_positions(inputs, layouts, "tmrope", **family.stock)
+    assert not torch.equal(reference_positions(inputs, layouts, "mrope"), stock)
     assert not torch.equal(_logits(model, inputs)[keep], ref[keep])
 
 
-def test_stock_equivalent_generate_matches_stock(model):
+def test_stock_equivalent_generate_matches_stock(fam):
+    family, model = fam
     kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
-    batches = [inputs for inputs, _ in _batches()]
+    batches = [inputs for inputs, _ in _batches(family)]
     with torch.no_grad():
         want = [(model.generate(**inputs, **kw), model.model.rope_deltas) for inputs in batches]
-        patch_model(model, "tmrope")
+        patch_model(model, "tmrope", **family.stock)
         for inputs, (ref, deltas) in zip(batches, want):
             got = model.generate(**inputs, **kw)
             assert torch.equal(got.sequences, ref.sequences)
@@ -213,10 +261,11 @@ def test_stock_equivalent_generate_matches_stock(model):
             assert torch.equal(model.model.rope_deltas, deltas)
 
 
-def test_every_design_places_its_positions(model):
+def test_every_design_places_its_positions(fam):
     """Every design runs on audio, images and videos, and every layer rotates with ``ropekit.positions`` of the
     layout (audio placed as the design's rule says: a text run)."""
-    batches = _batches()
+    family, model = fam
+    batches = _batches(family)
     for design in DESIGNS:
         patch_model(model, design)
         for inputs, layouts in batches:
@@ -229,8 +278,9 @@ def test_every_design_places_its_positions(model):
 
 
 @pytest.mark.parametrize("age", [None, "alternate"])
-def test_cached_generation_equals_a_teacher_forced_forward(model, age):
-    inputs, layouts = make_batch(MIXED)
+def test_cached_generation_equals_a_teacher_forced_forward(fam, age):
+    family, model = fam
+    inputs, layouts = make_batch(family, MIXED)
     patch_model(model, "circle", age=age)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
@@ -248,9 +298,10 @@ def test_cached_generation_equals_a_teacher_forced_forward(model, age):
         torch.testing.assert_close(step, logits[:, start + k], rtol=1e-5, atol=1e-5)
 
 
-def test_checkpointed_training_step(model):
+def test_checkpointed_training_step(fam):
     """AGE training: the loss backpropagates, and gradient checkpointing gives the same gradients."""
-    inputs, _ = make_batch(MIXED)
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     patch_model(model, "circle", age="alternate")
 
@@ -276,8 +327,9 @@ def test_checkpointed_training_step(model):
         torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-6, atol=1e-7)
 
 
-def test_save_pretrained_and_reload_restore_the_patch(model, tmp_path):
-    inputs, _ = make_batch(MIXED)
+def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
     patch_model(model, "circle", age="alternate", alpha=0.5)
     ref = _logits(model, inputs)
     model.save_pretrained(tmp_path)
@@ -292,10 +344,11 @@ def test_save_pretrained_and_reload_restore_the_patch(model, tmp_path):
 # what the patch refuses
 
 
-def test_audio_in_video_is_refused(model):
+def test_audio_in_video_is_refused(fam):
     """A video's audio interleaved with its frames has no ropekit segment: the patch refuses it, never misplaces."""
-    inputs, _ = make_batch(MIXED)
-    patch_model(model, "tmrope")
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    patch_model(model, "tmrope", **family.stock)
     with pytest.raises(ValueError, match="use_audio_in_video=True .* cannot express"):
         _logits(model, dict(inputs, use_audio_in_video=True))
     with pytest.raises(ValueError, match="use_audio_in_video=True"):
@@ -306,9 +359,10 @@ def test_audio_in_video_is_refused(model):
     _logits(model, dict(inputs, use_audio_in_video=False))  # False is the layout ropekit places
 
 
-def test_videos_need_their_seconds(model):
-    inputs, _ = make_batch(MIXED)
+def test_videos_need_their_seconds(fam):
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
     inputs.pop("video_second_per_grid")
-    patch_model(model, "tmrope")
+    patch_model(model, "tmrope", **family.stock)
     with pytest.raises(ValueError, match="video_grid_thw without video_second_per_grid"):
         _logits(model, inputs)

@@ -381,7 +381,7 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
             and state.adapter.takes_token_types):
         _grids_without_types()
     pos, deltas = st.index(state, types, grids, mask, input_ids.device)
-    if bool((pos == pos.round()).all()):
+    if state.adapter.integer_positions and bool((pos == pos.round()).all()):
         pos = pos.to(input_ids.dtype)
     return pos, deltas
 

@@ -225,8 +225,8 @@ def patch_model(
     **design_options: Any,
 ) -> nn.Module:
     """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
-    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, the Qwen2.5-Omni thinker, LLaVA(-NeXT,
-    -NeXT-Video, -OneVision)) use
+    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, ERNIE-4.5-VL-MoE, PaddleOCR-VL, the Qwen2.5-Omni and Qwen3-Omni-MoE
+    thinkers, LLaVA(-NeXT, -NeXT-Video, -OneVision)) use
     ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper

@@ -6,7 +6,7 @@ from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
 from .paddleocr_vl import PaddleOCRVL
-from .qwen2_5_omni import Qwen2_5OmniThinker
+from .qwen2_5_omni import Qwen2_5OmniThinker, Qwen3OmniMoeThinker
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
 from .qwen3_vl import Qwen3VL
@@ -16,6 +16,7 @@ from .qwen3_5_moe import Qwen3_5Moe
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), Qwen2_5OmniThinker())}
+    Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), Qwen2_5OmniThinker(),
+    Qwen3OmniMoeThinker())}
 
 __all__ = ["Adapter", "ADAPTERS"]

@@ -55,6 +55,9 @@ class Adapter:
     #: the family's forwards and ``get_rope_index`` take ``mm_token_type_ids`` (token types otherwise come from the
     #: image and video token ids only, and ``generate`` is not handed any)
     takes_token_types: bool = True
+    #: the family's ``get_rope_index`` returns integer positions and deltas (Qwen3-Omni's are float32 always); the
+    #: patched one returns integers where every position is whole, float32 otherwise
+    integer_positions: bool = True
 
     @property
     def name(self) -> str:
