@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..layout import Layout, Segment
+from ..layout import _FLOAT32_MAX, Layout, Segment
 from ._common import gather_rows, positive_number
 from .registry import block_rows_np, register, video_blocks, walk
 
@@ -44,7 +44,7 @@ def _check(position_id_per_seconds: float, temporal_rounding: str) -> np.float32
         raise ValueError(f"tmrope: `temporal_rounding` must be 'floor' (Qwen2.5-Omni) or 'exact' (Qwen3-Omni), "
                          f"got {temporal_rounding!r}")
     rate = positive_number(position_id_per_seconds, "position_id_per_seconds", "tmrope")
-    if float(np.float32(rate)) != rate:
+    if rate > _FLOAT32_MAX or float(np.float32(rate)) != rate:
         raise ValueError(f"tmrope: `position_id_per_seconds` must be a float32 number (the families' configs hold "
                          f"an int, 25), got {position_id_per_seconds!r}")
     return np.float32(rate)
@@ -54,8 +54,8 @@ def frame_times(frames: np.ndarray, interval: np.ndarray, rate: np.float32, floo
     """``τ_f`` of frame indices ``frames`` (int64) whose blocks have Δt ``interval`` (float64), float64 result.
 
     ``(f · seconds) · rate`` in float32 with ``seconds = float32(Δt / rate)``, truncated with ``floor``."""
-    seconds = (interval / np.float64(rate)).astype(np.float32)
     with np.errstate(over="ignore"):  # an overflow becomes inf, refused by positions() as not finite
+        seconds = (interval / np.float64(rate)).astype(np.float32)
         time = (frames.astype(np.float32) * seconds) * rate
     return (np.floor(time) if floor else time).astype(np.float64)
 
