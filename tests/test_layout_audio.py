@@ -104,3 +104,18 @@ def test_a_design_may_place_audio_itself():
         del _REGISTRY["_test_audio_own"]
     with pytest.raises(ValueError, match="register: `audio` must be one of 'text', 'own'"):
         register("_test_bad_audio", summary="test", allocation="1d", audio="time")
+
+
+def test_rope_index_takes_audio_as_text_and_refuses_the_layout_audio_code():
+    """Hugging Face token types have no audio code: audio given as text (0) is placed as the layout with A{n}
+    says, by every design; the layout's own code 4 is refused with the way out."""
+    from ropekit import rope_index
+
+    lay = Layout.parse("T2 A3 I2x2 A2 T1")
+    types = lay.token_types()
+    hf_types = types.masked_fill(types == AUDIO, 0)[None]
+    for design in designs():
+        pos, _ = rope_index(None, hf_types, [[1, 4, 4]], design=design)
+        assert torch.equal(pos[:, 0].T, positions(lay, design)), design
+    with pytest.raises(ValueError, match="give audio tokens as text \\(0\\)"):
+        rope_index(None, types[None], [[1, 4, 4]])
