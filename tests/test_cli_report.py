@@ -126,3 +126,22 @@ def test_report_takes_a_layout_with_audio(tmp_path):
     page = (tmp_path / "index.html").read_text()
     for img in re.findall(r"src='([^']+)'", page):
         assert (tmp_path / img).read_bytes()[:8] == PNG
+
+
+def test_the_default_report_draws_an_audio_layout(tmp_path, monkeypatch):
+    """The designs section shows a layout with audio next to the image and video ones, audio in its own colour."""
+    from ropekit.analysis import figures
+    from ropekit.report import multimodal
+
+    drawn = []
+    real = multimodal.plot_coordinates
+
+    def plot(lay, names, path):
+        drawn.append(lay)
+        return real(lay, names, path)
+
+    monkeypatch.setattr(multimodal, "plot_coordinates", plot)
+    section = multimodal.designs_section(tmp_path, designs=["mrope", "tmrope"])
+    assert multimodal.AUDIO_LAYOUT in drawn and "A4" in multimodal.AUDIO_LAYOUT
+    assert "designs_audio.png" in section["html"] and (tmp_path / "designs_audio.png").read_bytes()[:8] == PNG
+    assert figures._KIND_NAMES[4] == "audio"
