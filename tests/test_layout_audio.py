@@ -89,20 +89,23 @@ def test_designs_place_audio_as_a_text_run(design, layout):
         start += seg.num_tokens
 
 
-def test_a_design_may_place_audio_itself():
+def test_a_design_may_refuse_audio_by_name():
     seen = []
 
-    def own(layout):
+    def one_d(layout):
         seen.append(layout)
-        return torch.arange(layout.num_tokens, dtype=torch.float32)[:, None] * 2
+        return torch.arange(layout.num_tokens, dtype=torch.float32)[:, None]
 
-    register("_test_audio_own", summary="test", allocation="1d", audio="own", axes=1)(own)
+    register("_test_audio_refused", summary="test", allocation="1d", audio="refuse", axes=1)(one_d)
     try:
-        out = positions("T1 A2", "_test_audio_own")
-        assert seen[0].segments == (Text(1), Audio(2)) and out[:, 0].tolist() == [0.0, 2.0, 4.0]
+        with pytest.raises(ValueError, match="design '_test_audio_refused' defines no place for audio .* holds audio "
+                                             "segment A2@0.02; write the audio as text \\(T2\\)"):
+            positions("T1 A2@0.02 T1", "_test_audio_refused")
+        assert not seen  # refused before the design ran
+        assert positions("T1 I1x2", "_test_audio_refused")[:, 0].tolist() == [0.0, 1.0, 2.0]
     finally:
-        del _REGISTRY["_test_audio_own"]
-    with pytest.raises(ValueError, match="register: `audio` must be one of 'text', 'own'"):
+        del _REGISTRY["_test_audio_refused"]
+    with pytest.raises(ValueError, match="register: `audio` must be one of 'text', 'refuse'"):
         register("_test_bad_audio", summary="test", allocation="1d", audio="time")
 
 

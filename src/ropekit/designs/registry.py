@@ -44,7 +44,7 @@ MAX_WORK = 2**26
 BlockRule = Callable[..., "tuple[torch.Tensor, ...]"]
 
 #: how a design may place audio (``Design.audio``)
-AUDIO_RULES = ("text", "own")
+AUDIO_RULES = ("text", "refuse")
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,10 @@ class Design:
     #: ``frequency_allocation``); ``allocation`` is then the one the option's default picks
     allocation_option: Optional[tuple] = None
     #: how the design places :class:`~ropekit.Audio` segments: ``"text"`` (a run on the text diagonal, one
-    #: position per token: :func:`positions` hands the design a ``Text`` segment in its place), or ``"own"`` (the
-    #: design function receives ``Audio`` segments and places them itself)
+    #: position per token: :func:`positions` hands the design a ``Text`` segment in its place), or ``"refuse"``
+    #: (the design defines no place for audio: :func:`positions` refuses a layout holding audio). Batched and
+    #: Hugging Face placement see audio tokens as text (their token types have no audio code), which is where
+    #: ``"text"`` puts them; so a rule that places audio elsewhere could not be honoured there, and none exists.
     audio: str = "text"
 
     @property
@@ -112,7 +114,7 @@ def register(
     refuse oversized work before the design allocates anything. ``allocation_option`` (optional)
     ``(option, {value: allocation})`` lets one of the design's options choose its allocation. ``audio`` says how
     the design places audio segments: ``"text"`` (default; a text run, the design never sees ``Audio``) or
-    ``"own"`` (the design function places ``Audio`` segments itself).
+    ``"refuse"`` (a layout with audio is refused with a ValueError naming the design).
     """
     if audio not in AUDIO_RULES:
         raise ValueError(f"register: `audio` must be one of {', '.join(map(repr, AUDIO_RULES))}, got {audio!r}")
@@ -182,6 +184,8 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
     check_options(d, options)
     if d.audio == "text":
         lay = audio_as_text(lay)
+    else:
+        _refuse_audio(d, lay)
     check_work(d, lay, options)
     out = d.fn(lay, **options)
     if out.shape[0] != lay.num_tokens or out.ndim != 2:
@@ -202,6 +206,17 @@ def audio_as_text(layout: Layout) -> Layout:
     if not any(isinstance(s, Audio) for s in layout):
         return layout
     return Layout(Text(s.n) if isinstance(s, Audio) else s for s in layout)
+
+
+def _refuse_audio(design: Design, layout: Layout) -> None:
+    """ValueError when ``layout`` holds audio and ``design`` registered ``audio="refuse"``."""
+    audio = next((s for s in layout if isinstance(s, Audio)), None)
+    if audio is not None:
+        raise ValueError(
+            f"positions: design {design.name!r} defines no place for audio (registered with audio='refuse'), but layout "
+            f"{_short(layout)} holds audio segment {audio}; write the audio as text (T{audio.n}) to place it as a text "
+            f"run, or use a design that places audio (every built-in design does: docs/designs.md, 'Audio')"
+        )
 
 
 def _short(lay: Layout, limit: int = 80) -> str:
