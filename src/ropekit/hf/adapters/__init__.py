@@ -6,9 +6,10 @@ from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
 from .paddleocr_vl import PaddleOCRVL
-from .qwen2_5_omni import Qwen2_5OmniThinker, Qwen3OmniMoeThinker
+from .qwen2_5_omni import Qwen2_5OmniThinker
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
+from .qwen3_omni_moe import Qwen3OmniMoeThinker
 from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5

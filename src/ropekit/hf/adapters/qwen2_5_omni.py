@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni's and Qwen3-Omni-MoE's thinkers: TMRoPE over text, images, videos and audio.
+"""Qwen2.5-Omni's thinker (``qwen2_5_omni_thinker``): TMRoPE over text, images, videos and audio.
 
 Positions: transformers' ``get_rope_index`` of the family is the ``tmrope`` design (``temporal_rounding="floor"``):
 M-RoPE whose video time is ``(f · seconds_per_grid) · position_id_per_seconds`` truncated, text after a block at its
@@ -19,7 +19,6 @@ from typing import Any, Optional
 import torch
 
 from .base import Adapter
-from .qwen3_vl import Qwen3VL
 
 _SECONDS = ("video_second_per_grid", "second_per_grids")  # forward / generate kwargs, get_rope_index
 _AUDIO_LENGTHS = ("audio_feature_lengths", "audio_seqlens")
@@ -57,22 +56,3 @@ class Qwen2_5OmniThinker(Adapter):
         out["second_per_grid_ts"] = seconds
         return out
 
-
-class Qwen3OmniMoeThinker(Qwen2_5OmniThinker):
-    """Qwen3-Omni-MoE's thinker (``qwen3_omni_moe_thinker``): TMRoPE with fractional video times.
-
-    transformers' ``get_rope_index`` of the family keeps ``(f · seconds_per_grid) · position_id_per_seconds`` as a
-    float32 number (no truncation), so its stock-equivalent design is ``tmrope`` with
-    ``temporal_rounding="exact"``; text after a video may then resume at a fractional position. Audio, its start
-    and end tokens and the refusals are Qwen2.5-Omni's. Rotation: Qwen3-VL's interleaved ``mrope_section``. The
-    MoE forwards add ``output_router_logits``, handed on unread.
-    """
-
-    model_type = "qwen3_omni_moe_thinker"
-    native_allocation = "interleaved"
-    default_sections = (24, 20, 20)
-    integer_positions = False
-    forward_params = Qwen2_5OmniThinker.forward_params | {"output_router_logits"}
-
-    def sections(self, rope: dict, half: int) -> list[int]:
-        return Qwen3VL.sections(self, rope, half)  # the same height/width map as Qwen3-VL's
