@@ -366,3 +366,17 @@ def test_videos_need_their_seconds(fam):
     patch_model(model, "tmrope", **family.stock)
     with pytest.raises(ValueError, match="video_grid_thw without video_second_per_grid"):
         _logits(model, inputs)
+
+
+def test_embeddings_without_ids_are_refused_with_grids(fam):
+    """The thinkers take no mm_token_type_ids: with images given as embeddings only, nothing tells the patch which
+    tokens they are (the stock model then places every token as text); the patch asks for input_ids."""
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    ids = inputs.pop("input_ids")
+    inputs.pop("input_features"), inputs.pop("feature_attention_mask")
+    inputs.pop("pixel_values"), inputs.pop("pixel_values_videos")
+    embeds = model.get_input_embeddings()(ids)
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="no `input_ids`; .* takes no mm_token_type_ids, so only input_ids"):
+        _logits(model, dict(inputs, inputs_embeds=embeds))

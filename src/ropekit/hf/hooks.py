@@ -129,7 +129,7 @@ def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_g
         return
     state.stash = None
     if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     if mm_token_type_ids is None and input_ids is not None:
         new = st.vision_in_ids(state, input_ids[:, -length:])
     elif mm_token_type_ids is not None:
@@ -154,7 +154,13 @@ def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Ten
     return types
 
 
-def _grids_without_types() -> None:
+def _grids_without_types(state: st._State) -> None:
+    if not state.adapter.takes_token_types:
+        raise ValueError(
+            f"patched model: image/video grids were given with `inputs_embeds` but no `input_ids`; "
+            f"{state.adapter.name} takes no mm_token_type_ids, so only input_ids tell the image and video tokens "
+            f"apart: pass input_ids so the design can place the tokens"
+        )
     raise ValueError(
         "patched model: image/video grids were given with `inputs_embeds` but no `mm_token_type_ids`; "
         "pass mm_token_type_ids (text 0, image 1, video 2) so the design can place the tokens"
@@ -180,7 +186,7 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
         mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
     has_grids = grids[0] is not None or grids[1] is not None
     if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     _videos_without_types(state, grids[1], mm_token_type_ids)
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
     placed = not has_grids and (
@@ -317,7 +323,7 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
     given = named.get("mm_token_type_ids")
     if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     _videos_without_types(state, grids[1], given)
     types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
     mask = model_kwargs.get("attention_mask")
@@ -379,7 +385,7 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     grids = (given.get("image_grid_thw"), given.get("video_grid_thw"), given.get("second_per_grid_ts"))
     if ((grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None
             and state.adapter.takes_token_types):
-        _grids_without_types()
+        _grids_without_types(state)
     pos, deltas = st.index(state, types, grids, mask, input_ids.device)
     if state.adapter.integer_positions and bool((pos == pos.round()).all()):
         pos = pos.to(input_ids.dtype)
