@@ -85,3 +85,63 @@ def test_viz_save_path_folder_and_missing_suffix(tmp_path, capsys, monkeypatch):
     assert main(base) == 0
     assert capsys.readouterr().out.strip() == "projection figure written to rope_proj_2d_golden.png"
     assert (tmp_path / "rope_proj_2d_golden.png").exists()
+
+
+def test_positions_plot_draws_audio_segments(tmp_path, capsys, monkeypatch):
+    """Audio tokens get their own colour and legend entry in ``positions --plot``, and their own letter in the
+    printed table; they sit where the design places them (a text run under M-RoPE)."""
+    import matplotlib.colors as mcolors
+
+    from ropekit.analysis import figures
+
+    figs = []
+    real_save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path: (figs.append(fig), real_save(fig, path))[1])
+    out = tmp_path / "audio.png"
+    lay = "T2 A3 V2x1x2 A2@0.02 T1"
+    assert main(["positions", lay, "--design", "mrope", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert [r[1] for r in rows] == list("ttaaavvvvaat")
+    fig = figs[0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["text", "video", "audio"]
+    audio_rgba = mcolors.to_rgba(figures._KIND_COLOURS[4])
+    coords = ropekit.positions(lay, "mrope")
+    drawn = set()  # (token index, coordinate) of every point drawn in the audio colour on the first panel
+    for coll in fig.axes[0].collections:
+        if tuple(coll.get_facecolor()[0][:3]) == audio_rgba[:3]:
+            drawn |= {(float(x), float(y)) for x, y in coll.get_offsets()}
+    want = {(float(i), float(coords[i, a])) for i in (2, 3, 4, 9, 10) for a in range(3)}
+    assert drawn == want
+
+
+def test_report_takes_a_layout_with_audio(tmp_path):
+    lay = "T2 A4 I2x2 T2"
+    assert main(["report", "--out", str(tmp_path), "--quiet", "--layout", lay, "--designs", "mrope"]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    ptd = metrics["multimodal.ptd_section"]
+    assert list(ptd["per_block"][lay]["mrope"]) == ["image 1 (I2x2)"]  # audio is no vision block
+    assert ptd["whole"][lay]["mrope"] == pytest.approx(layout_ptd(lay, "mrope"))
+    page = (tmp_path / "index.html").read_text()
+    for img in re.findall(r"src='([^']+)'", page):
+        assert (tmp_path / img).read_bytes()[:8] == PNG
+
+
+def test_the_default_report_draws_an_audio_layout(tmp_path, monkeypatch):
+    """The designs section shows a layout with audio next to the image and video ones, audio in its own colour."""
+    from ropekit.analysis import figures
+    from ropekit.report import multimodal
+
+    drawn = []
+    real = multimodal.plot_coordinates
+
+    def plot(lay, names, path):
+        drawn.append(lay)
+        return real(lay, names, path)
+
+    monkeypatch.setattr(multimodal, "plot_coordinates", plot)
+    section = multimodal.designs_section(tmp_path, designs=["mrope", "tmrope"])
+    assert multimodal.AUDIO_LAYOUT in drawn and "A4" in multimodal.AUDIO_LAYOUT
+    assert "designs_audio.png" in section["html"] and (tmp_path / "designs_audio.png").read_bytes()[:8] == PNG
+    assert figures._KIND_NAMES[4] == "audio"

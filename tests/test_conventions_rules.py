@@ -108,6 +108,17 @@ def _mmrope(sigma_h, sigma_w):
     return _frames(frame)
 
 
+def _tmrope(rate, exact):
+    f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
+
+    def block(s, T, H, W, dt):
+        sigma = f32(dt / rate)  # seconds per frame step, as the processor's float32 tensor holds it
+        times = [f32(f32(f * sigma) * f32(rate)) for f in range(T)]  # (f·σ)·ρ, float32, in that order
+        rows = [[s + (times[f] if exact else math.floor(times[f])), s + i, s + j] for f, i, j in _tokens(T, H, W)]
+        return rows, max(max(r) for r in rows) + 1
+    return block
+
+
 # design (options) -> (formula the table cell states, reference, axes)
 RULES = {
     ("vanilla", ()): ("`s + k`", _vanilla, 1),
@@ -128,6 +139,9 @@ RULES = {
     ("v2pe", (("visual_stride", 2.5),)): ("`s + f·⌈S⌉ + (k + 1)·S/(H·W) − 1`", _v2pe_stride(2.5), 1),
     ("mmrope", ()): ("`(s, s + σ_h·i, s + σ_w·j)`", _mmrope(1.0, 1.0), 3),
     ("mmrope", (("position_scale", (1.0, 2.0, 0.5)),)): ("`(s, s + σ_h·i, s + σ_w·j)`", _mmrope(2.0, 0.5), 3),
+    ("tmrope", ()): ("`(s + τ_f, s + i, s + j)`, `τ_f = (f·σ)·ρ` in float32", _tmrope(25, False), 3),
+    ("tmrope", (("temporal_rounding", "exact"),)): ("kept fractional (`\"exact\"`", _tmrope(25, True), 3),
+    ("tmrope", (("position_id_per_seconds", 2),)): ("ρ = `position_id_per_seconds`", _tmrope(2, False), 3),
 }
 
 

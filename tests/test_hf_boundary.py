@@ -25,6 +25,7 @@ from test_hf_conformance import BUILDERS as QWEN_BUILDERS
 from test_hf_families_1d import BUILDERS as FAMILY_1D_BUILDERS
 from test_hf_families_3axis import BUILDERS as FAMILY_BUILDERS
 from test_hf_llava import _build as _build_llava, _config as _llava_config
+from test_hf_omni import BUILDERS as OMNI_BUILDERS
 from test_hf_vision import ENCODERS
 
 NEW = "ropekit_probe_arg"  # a parameter no transformers release has
@@ -52,6 +53,7 @@ BUILDERS = {
     "llava": lambda: _build_llava(_llava_config()),
     **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, glm_ocr, ernie4_5_vl_moe, paddleocr_vl
     **FAMILY_1D_BUILDERS,  # internvl, gemma3, idefics3, smolvlm, mistral3, paligemma, aya_vision
+    **OMNI_BUILDERS,  # qwen2_5_omni_thinker, qwen3_omni_moe_thinker
 }
 
 
@@ -253,3 +255,16 @@ def test_gemma3s_rotary_without_its_layer_type_is_refused(models, monkeypatch):
                        match=r"Gemma3RotaryEmbedding\.forward.*has no parameter `layer_type`"):
         patch_model(model, "circle")
     assert not is_patched(model)
+
+
+def test_the_omni_position_parameters_are_refused_on_the_other_families(models, monkeypatch):
+    """Qwen2.5-Omni's position code takes ``use_audio_in_video`` and ``video_second_per_grid``; only its adapter
+    knows them (and refuses audio in video): on Qwen2.5-VL the same parameter is unknown and refused by name."""
+    model = models("qwen2_5_vl")
+    for param in ("use_audio_in_video", "video_second_per_grid", "audio_feature_lengths"):
+        with monkeypatch.context() as mp:
+            new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
+            _with_signature(mp, type(model.model), "compute_3d_position_ids", lambda ps: _add(ps, new))
+            with pytest.raises(UnsupportedTransformersError, match=rf"compute_3d_position_ids.*`{param}`"):
+                patch_model(model, "circle")
+        assert not is_patched(model)

@@ -109,9 +109,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.layout is not None:
         lay = Layout.parse(args.layout)
         kinds = set(lay.token_types().tolist())
-        if 0 not in kinds or kinds == {0}:
+        if 0 not in kinds or not kinds & {1, 2, 3}:
             raise ValueError(f"`--layout` {args.layout!r} needs both text and image/video tokens for the PTD and "
-                             "bias measurements, e.g. --layout 'T4 I4x4 T4'")
+                             "bias measurements (audio may come with them), e.g. --layout 'T4 I4x4 T4' or "
+                             "'T2 A8 V2x3x3 T4'")
         layout = str(lay)
     metrics = build_report(args.out, progress=not args.quiet, layout=layout, designs=chosen,
                            experiments=args.experiments)
@@ -144,7 +145,7 @@ def _cmd_positions(args: argparse.Namespace) -> int:
         _print_json({"layout": str(lay), "design": args.design, "positions": coords.tolist(),
                      "token_types": kinds})
         return 0
-    names = "tivg"
+    names = "tivga"  # ropekit.layout's token-type codes: text, image, video, grid, audio
     print(f"# layout {lay}, design {args.design}, {coords.shape[1]} axes")
     for i, (row, k) in enumerate(zip(coords.tolist(), kinds)):
         print(f"{i:5d} {names[k]} " + " ".join(f"{v:10.4f}" for v in row))

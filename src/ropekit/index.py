@@ -259,7 +259,8 @@ def rope_index(
     if types.numel() and int(types.numpy().view(np.uint64).max()) > VIDEO:
         raise ValueError(
             f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
-            f"got {sorted(set(types.unique().tolist()))}"
+            f"got {sorted(set(types.unique().tolist()))}; give audio tokens as text (0): every design places audio "
+            f"as a text run (Layout.token_types' audio code 4 is not a Hugging Face token type)"
         )
     if attention_mask is None:
         valid = torch.ones(shape, dtype=torch.bool)

@@ -1,10 +1,11 @@
 """Stage 1 — layouts: which tokens a multimodal sequence holds, in order.
 
-A layout is a tuple of segments: ``Text(n)``, ``Image(h, w)``, ``Video(t, h, w)`` and the N-D
-``Grid(*sizes)``. Sizes count *tokens* (after any patch merging). The compact string form is
-``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"``, ``"G4x4x4"``; a video may carry its temporal interval
-(M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``. ``str(layout)`` writes intervals exactly, so
-``Layout.parse(str(layout)) == layout`` for every layout.
+A layout is a tuple of segments: ``Text(n)``, ``Image(h, w)``, ``Video(t, h, w)``, ``Audio(n)`` and the
+N-D ``Grid(*sizes)``. Sizes count *tokens* (after any patch merging). The compact string form is
+``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"``, ``"T2 A50 T1"``, ``"G4x4x4"``; a video may carry its temporal interval
+(M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``, an audio segment its seconds per token as ``"A50@0.02"``
+(default 0.04: the 40 ms tokens of Qwen2.5-Omni's and Qwen3-Omni's audio encoders). ``str(layout)`` writes
+intervals exactly, so ``Layout.parse(str(layout)) == layout`` for every layout.
 
 Sizes may be any int up to ``2**63 - 1`` (a layout is only a description); what may actually be
 *placed* is bounded by :data:`MAX_TOKENS`, checked before anything token-sized is allocated.
@@ -19,11 +20,16 @@ from typing import Iterable, Union
 
 import torch
 
-__all__ = ["Text", "Image", "Video", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID", "MAX_TOKENS",
-           "check_token_count"]
+__all__ = ["Text", "Image", "Video", "Audio", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID", "AUDIO",
+           "MAX_TOKENS", "check_token_count", "AUDIO_SECONDS"]
 
-# token-type codes, shared with Hugging Face's ``mm_token_type_ids`` (text 0, image 1, video 2)
-TEXT, IMAGE, VIDEO, GRID = 0, 1, 2, 3
+# token-type codes, shared with Hugging Face's ``mm_token_type_ids`` (text 0, image 1, video 2); grid and audio
+# tokens have codes of their own in ``Layout.token_types`` (``mm_token_type_ids`` has none for them)
+TEXT, IMAGE, VIDEO, GRID, AUDIO = 0, 1, 2, 3, 4
+
+#: Seconds per audio token when an ``Audio`` segment does not say: Qwen2.5-Omni's and Qwen3-Omni's audio encoders
+#: give one token per 40 ms (TMRoPE's 25 temporal positions per second).
+AUDIO_SECONDS = 0.04
 
 #: Most tokens one sequence may have when its positions (or token types) are built. Above ``2**24`` a
 #: float32 position can no longer hold every integer index, so neighbouring tokens would share a
@@ -73,22 +79,24 @@ def check_token_count(count: int, what: str) -> None:
         )
 
 
-def _check_interval(value: object) -> float:
+def _check_interval(value: object, what: str = "Video", name: str = "interval", positive: bool = False) -> float:
+    """``value`` as a finite float >= 0 (> 0 with ``positive``) within the float32 range, or a TypeError/ValueError
+    naming ``what``'s argument ``name``."""
     if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, numbers.Real, torch.Tensor)):
-        raise TypeError(f"Video: `interval` must be a number, got {type(value).__name__} ({_show(value)})")
+        raise TypeError(f"{what}: `{name}` must be a number, got {type(value).__name__} ({_show(value)})")
     if isinstance(value, torch.Tensor) and (value.numel() != 1 or value.dtype == torch.bool or value.is_complex()):
-        raise TypeError(f"Video: `interval` must be a number or a one-element tensor, got a tensor of shape "
+        raise TypeError(f"{what}: `{name}` must be a number or a one-element tensor, got a tensor of shape "
                         f"{tuple(value.shape)} and dtype {value.dtype}")
     try:
         iv = float(value)
     except OverflowError:
-        raise ValueError(f"Video: `interval` = {_show(value)} is too large; positions are float32 "
+        raise ValueError(f"{what}: `{name}` = {_show(value)} is too large; positions are float32 "
                          f"(largest finite {_FLOAT32_MAX:.4g})") from None
-    if not math.isfinite(iv) or iv < 0:
-        raise ValueError(f"Video: `interval` must be a finite number >= 0, got {value!r}")
+    if not math.isfinite(iv) or iv < 0 or (positive and iv == 0):
+        raise ValueError(f"{what}: `{name}` must be a finite number {'>' if positive else '>='} 0, got {value!r}")
     if iv > _FLOAT32_MAX:
-        raise ValueError(f"Video: `interval` = {iv!r} would make positions that are not finite float32 numbers "
-                         f"(largest finite float32: {_FLOAT32_MAX:.4g}); use a smaller interval")
+        raise ValueError(f"{what}: `{name}` = {iv!r} would make positions that are not finite float32 numbers "
+                         f"(largest finite float32: {_FLOAT32_MAX:.4g}); use a smaller {name}")
     return iv
 
 
@@ -166,6 +174,32 @@ class Video:
 
 
 @dataclass(frozen=True)
+class Audio:
+    """``n`` audio tokens, one every ``seconds`` seconds (40 ms by default, :data:`AUDIO_SECONDS`).
+
+    Audio is a 1-D sequence in time. Each position design says where its tokens go (docs/designs.md, "Audio"):
+    most place them as a text run; TMRoPE (``tmrope``) on its absolute-time axis.
+    """
+
+    n: int
+    seconds: float = AUDIO_SECONDS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n", _check_size(self.n, "n", "Audio"))
+        object.__setattr__(self, "seconds", _check_interval(self.seconds, "Audio", "seconds", positive=True))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n
+
+    kind = AUDIO
+
+    def __str__(self) -> str:
+        tail = "" if self.seconds == AUDIO_SECONDS else f"@{_format_float(self.seconds)}"
+        return f"A{self.n}{tail}"
+
+
+@dataclass(frozen=True)
 class Grid:
     """An N-D grid of tokens (ViT patches, volumes), row-major over ``sizes``."""
 
@@ -190,9 +224,11 @@ class Grid:
         return "G" + "x".join(str(s) for s in self.sizes)
 
 
-Segment = Union[Text, Image, Video, Grid]
+Segment = Union[Text, Image, Video, Audio, Grid]
+_SEGMENTS = (Text, Image, Video, Audio, Grid)
 
-_TOKEN = re.compile(r"^(?:T(\d+)|I(\d+)x(\d+)|V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?|G(\d+(?:x\d+)*))$")
+_TOKEN = re.compile(r"^(?:T(\d+)|I(\d+)x(\d+)|V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?|G(\d+(?:x\d+)*)"
+                    r"|A(\d+)(?:@([0-9.eE+-]+))?)$")
 
 
 def _parse_segment(tok: str) -> Segment:
@@ -200,9 +236,13 @@ def _parse_segment(tok: str) -> Segment:
     if m is None:
         raise ValueError(
             f"Layout.parse: cannot read segment {tok!r}; use T{{n}} (text), I{{h}}x{{w}} (image), "
-            f"V{{t}}x{{h}}x{{w}}[@interval] (video) or G{{a}}x{{b}}[x...] (N-D grid), e.g. 'T3 I4x4 T2'"
+            f"V{{t}}x{{h}}x{{w}}[@interval] (video), A{{n}}[@seconds] (audio) or G{{a}}x{{b}}[x...] (N-D grid), "
+            f"e.g. 'T3 I4x4 T2'"
         )
     g = m.groups()
+    if g[8] is not None:
+        seconds = AUDIO_SECONDS if g[9] is None else _parse_interval(g[9], tok, "seconds per token", "A50@0.02")
+        return Audio(int(g[8]), seconds)
     if g[0] is not None:
         return Text(int(g[0]))
     if g[1] is not None:
@@ -212,13 +252,13 @@ def _parse_segment(tok: str) -> Segment:
     return Grid(*(int(s) for s in g[7].split("x")))
 
 
-def _parse_interval(text: str, tok: str) -> float:
+def _parse_interval(text: str, tok: str, what: str = "interval", example: str = "V8x3x3@2.5") -> float:
     try:
         return float(text)
     except ValueError:
         raise ValueError(
-            f"Layout.parse: segment {tok!r} has interval {text!r}, which is not a number; "
-            f"write the interval after '@' as a decimal number, e.g. 'V8x3x3@2.5' or 'V8x3x3@1e-3'"
+            f"Layout.parse: segment {tok!r} has {what} {text!r}, which is not a number; "
+            f"write the {what} after '@' as a decimal number, e.g. {example!r} or '{example.split('@')[0]}@1e-3'"
         ) from None
 
 
@@ -233,16 +273,16 @@ class Layout:
         if not segs:
             raise ValueError("Layout: a layout needs at least one segment, e.g. Layout.parse('T3 I4x4 T2')")
         for i, s in enumerate(segs):
-            if not isinstance(s, (Text, Image, Video, Grid)):
+            if not isinstance(s, _SEGMENTS):
                 raise TypeError(
-                    f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video or Grid"
+                    f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video, Audio or Grid"
                 )
         _check_total(sum(s.num_tokens for s in segs), "Layout")
         object.__setattr__(self, "segments", segs)
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
-        """Read the compact form, e.g. ``"T3 I4x4 T2"`` or ``"T5 V8x3x3 T1"``."""
+        """Read the compact form, e.g. ``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"`` or ``"T2 A50@0.04 T1"``."""
         if not isinstance(text, str):
             raise TypeError(f"Layout.parse: `text` must be a str, got {type(text).__name__}")
         toks = text.replace(",", " ").split()
@@ -257,7 +297,7 @@ class Layout:
             return layout
         if isinstance(layout, str):
             return cls.parse(layout)
-        if isinstance(layout, (Text, Image, Video, Grid)):
+        if isinstance(layout, _SEGMENTS):
             return cls([layout])
         try:
             return cls(layout)
@@ -286,6 +326,6 @@ class Layout:
         return sum(s.num_tokens for s in self.segments)
 
     def token_types(self) -> torch.Tensor:
-        """Per-token modality code (text 0, image 1, video 2, grid 3), shape ``(L,)``."""
+        """Per-token modality code (text 0, image 1, video 2, grid 3, audio 4), shape ``(L,)``."""
         check_token_count(self.num_tokens, "Layout.token_types")
         return torch.cat([torch.full((s.num_tokens,), s.kind, dtype=torch.long) for s in self.segments])

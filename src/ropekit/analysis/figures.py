@@ -17,8 +17,9 @@ from .metrics import attention_bias_map  # noqa: E402
 
 __all__ = ["plot_coordinates", "plot_rings", "plot_bias_maps", "plot_layout", "diagonal_view"]
 
-_KIND_COLOURS = {0: "#e0a100", 1: "#2a9d4b", 2: "#2a6fdb", 3: "#8a4fd0"}
-_KIND_NAMES = {0: "text", 1: "image", 2: "video", 3: "grid"}
+# keyed by ropekit.layout's token-type codes: text 0, image 1, video 2, grid 3, audio 4
+_KIND_COLOURS = {0: "#e0a100", 1: "#2a9d4b", 2: "#2a6fdb", 3: "#8a4fd0", 4: "#d64550"}
+_KIND_NAMES = {0: "text", 1: "image", 2: "video", 3: "grid", 4: "audio"}
 
 
 _AXIS_MARKERS = "os^vD<>p"

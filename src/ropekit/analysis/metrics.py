@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import GRID, IMAGE, TEXT, VIDEO, Image, Layout, Video
+from ..layout import AUDIO, GRID, IMAGE, TEXT, VIDEO, Image, Layout, Video
 from ..rope import design_frequencies
 from ..designs.registry import positions
 from .kernel import kernel_between
@@ -41,13 +41,15 @@ def ptd(text_coords: torch.Tensor, image_coords: torch.Tensor) -> float:
 
 
 def layout_ptd(layout: "Layout | str", design: str, **options) -> float:
-    """PTD between all text tokens and all image/video tokens of a layout under a design."""
+    """PTD between all text tokens and all image/video tokens of a layout under a design (audio tokens are
+    neither: they take no part)."""
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
-    if not (kinds == TEXT).any() or not (kinds != TEXT).any():
+    vision = (kinds != TEXT) & (kinds != AUDIO)
+    if not (kinds == TEXT).any() or not vision.any():
         raise ValueError(f"layout {lay} needs both text and vision tokens to measure PTD")
     c = positions(lay, design, **options)
-    return ptd(c[kinds == TEXT], c[kinds != TEXT])
+    return ptd(c[kinds == TEXT], c[vision])
 
 
 def _first_block(lay: Layout):
@@ -107,7 +109,7 @@ def vision_blocks(layout: "Layout | str") -> list[tuple[str, torch.Tensor]]:
     out, start, count = [], 0, {}
     for seg in lay:
         n = seg.num_tokens
-        if seg.kind != TEXT:
+        if seg.kind not in (TEXT, AUDIO):
             kind = {IMAGE: "image", VIDEO: "video", GRID: "grid"}[seg.kind]
             count[kind] = count.get(kind, 0) + 1
             if isinstance(seg, Video):

@@ -5,6 +5,6 @@ from .registry import Design, designs, get_design, positions, register
 from . import vanilla, shared, mrope, compact, rope2d, vrope, circle  # noqa: E402,F401
 from . import mrope_interleave, mhrope, ilrope, omnirope  # noqa: E402,F401
 from . import videorope, hope  # noqa: E402,F401
-from . import v2pe, mmrope, grape, peer_names  # noqa: E402,F401
+from . import v2pe, mmrope, grape, tmrope, peer_names  # noqa: E402,F401
 
 __all__ = ["Design", "designs", "get_design", "positions", "register"]

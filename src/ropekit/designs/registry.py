@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import layout as _layout
-from ..layout import Image, Layout, Segment, Text, Video
+from ..layout import Audio, Image, Layout, Segment, Text, Video
 from ._common import as_video
 
 __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
@@ -43,6 +43,9 @@ MAX_WORK = 2**26
 #: to everything after it; Circle-RoPE's multi-image offset). :func:`unpack_placed` reads all four.
 BlockRule = Callable[..., "tuple[torch.Tensor, ...]"]
 
+#: how a design may place audio (``Design.audio``)
+AUDIO_RULES = ("text", "refuse")
+
 
 @dataclass(frozen=True)
 class Design:
@@ -61,6 +64,12 @@ class Design:
     #: ``(option, {value: allocation})`` when one of the design's options picks its allocation (GRAPE's
     #: ``frequency_allocation``); ``allocation`` is then the one the option's default picks
     allocation_option: Optional[tuple] = None
+    #: how the design places :class:`~ropekit.Audio` segments: ``"text"`` (a run on the text diagonal, one
+    #: position per token: :func:`positions` hands the design a ``Text`` segment in its place), or ``"refuse"``
+    #: (the design defines no place for audio: :func:`positions` refuses a layout holding audio). Batched and
+    #: Hugging Face placement see audio tokens as text (their token types have no audio code), which is where
+    #: ``"text"`` puts them; so a rule that places audio elsewhere could not be honoured there, and none exists.
+    audio: str = "text"
 
     @property
     def options(self) -> tuple:
@@ -93,6 +102,7 @@ def register(
     delta_axes: Optional[tuple] = None,
     axes: "int | Callable[..., int] | None" = None,
     allocation_option: Optional[tuple] = None,
+    audio: str = "text",
 ) -> Callable:
     """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
 
@@ -102,8 +112,12 @@ def register(
     reach further (VideoRoPE's centred rows): :func:`ropekit.rope_index` takes its deltas from them. ``axes``
     (optional) gives ``A``, as an int or as ``axes(layout, **options)``, so that :func:`positions` can
     refuse oversized work before the design allocates anything. ``allocation_option`` (optional)
-    ``(option, {value: allocation})`` lets one of the design's options choose its allocation.
+    ``(option, {value: allocation})`` lets one of the design's options choose its allocation. ``audio`` says how
+    the design places audio segments: ``"text"`` (default; a text run, the design never sees ``Audio``) or
+    ``"refuse"`` (a layout with audio is refused with a ValueError naming the design).
     """
+    if audio not in AUDIO_RULES:
+        raise ValueError(f"register: `audio` must be one of {', '.join(map(repr, AUDIO_RULES))}, got {audio!r}")
     if block_rule is not None and not callable(block_rule):
         raise TypeError(f"register: `block_rule` must be a function (segments, **options) -> (offsets, advance), "
                         f"got {type(block_rule).__name__}")
@@ -112,7 +126,7 @@ def register(
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
         _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes, axes,
-                                 allocation_option)
+                                 allocation_option, audio)
         for a in aliases:
             _ALIASES[a] = name
         return fn
@@ -168,6 +182,10 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
     lay = Layout.coerce(layout)
     d = get_design(design)
     check_options(d, options)
+    if d.audio == "text":
+        lay = audio_as_text(lay)
+    else:
+        _refuse_audio(d, lay)
     check_work(d, lay, options)
     out = d.fn(lay, **options)
     if out.shape[0] != lay.num_tokens or out.ndim != 2:
@@ -180,6 +198,25 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
             f"use smaller intervals or design options"
         )
     return out
+
+
+def audio_as_text(layout: Layout) -> Layout:
+    """``layout`` with every ``Audio`` segment replaced by a ``Text`` segment of as many tokens (itself when it
+    holds no audio): where a design with ``audio="text"`` places audio."""
+    if not any(isinstance(s, Audio) for s in layout):
+        return layout
+    return Layout(Text(s.n) if isinstance(s, Audio) else s for s in layout)
+
+
+def _refuse_audio(design: Design, layout: Layout) -> None:
+    """ValueError when ``layout`` holds audio and ``design`` registered ``audio="refuse"``."""
+    audio = next((s for s in layout if isinstance(s, Audio)), None)
+    if audio is not None:
+        raise ValueError(
+            f"positions: design {design.name!r} defines no place for audio (registered with audio='refuse'), but layout "
+            f"{_short(layout)} holds audio segment {audio}; write the audio as text (T{audio.n}) to place it as a text "
+            f"run, or use a design that places audio (every built-in design does: docs/designs.md, 'Audio')"
+        )
 
 
 def _short(lay: Layout, limit: int = 80) -> str:
@@ -333,18 +370,18 @@ def unpack_placed(placed: Sequence) -> tuple[torch.Tensor, torch.Tensor, Optiona
 def walk(layout: Layout, rule: BlockRule, **options) -> torch.Tensor:
     """Positions ``(L, A)`` float32 of ``layout`` under a block rule (the walk every translation-structured design shares).
 
-    The running start ``p`` begins at 0 on every axis; text takes ``p, p+1, …`` (per axis) and moves
-    ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance (after the
+    The running start ``p`` begins at 0 on every axis; text (and audio, placed as text) takes ``p, p+1, …`` (per
+    axis) and moves ``p`` by its length, a vision segment takes ``p + offsets`` and moves ``p`` by its advance (after the
     rule's gap, if it has one, for every vision segment but the first). The
     arithmetic is float64, rounded to float32 once at the end.
     """
-    vision = [s for s in layout if not isinstance(s, Text)]
+    vision = [s for s in layout if not isinstance(s, (Text, Audio))]
     offsets, advance, absolute, gap = unpack_placed(rule(vision, **options))
     axes = advance.shape[1]
     relative = torch.ones(axes, dtype=torch.float64) if absolute is None else (~absolute).to(torch.float64)
     parts, p, row, k = [], torch.zeros(axes, dtype=torch.float64), 0, 0
     for seg in layout:
-        if isinstance(seg, Text):
+        if isinstance(seg, (Text, Audio)):
             parts.append(p + torch.arange(seg.n, dtype=torch.float64)[:, None])
             p = p + seg.n
             continue

@@ -105,7 +105,7 @@ def _cache_length(cache: Any) -> tuple[bool, Any]:
 
 def compute_3d_position_ids(hook: Hook, *args: Any, **kwargs: Any):
     """ropekit replacement: stores every geometry's positions for the rotary hook; returns None."""
-    given = hook.bind(args, kwargs)
+    given = hook.state.adapter.position_arguments(hook.bind(args, kwargs))
     _place_forward(hook, given.get("input_ids"), given.get("inputs_embeds"), given.get("image_grid_thw"),
                    given.get("video_grid_thw"), given.get("attention_mask"), cache_of(given),
                    given.get("mm_token_type_ids"), given.get("second_per_grid_ts"))
@@ -129,7 +129,7 @@ def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_g
         return
     state.stash = None
     if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     if mm_token_type_ids is None and input_ids is not None:
         new = st.vision_in_ids(state, input_ids[:, -length:])
     elif mm_token_type_ids is not None:
@@ -154,7 +154,13 @@ def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Ten
     return types
 
 
-def _grids_without_types() -> None:
+def _grids_without_types(state: st._State) -> None:
+    if not state.adapter.takes_token_types:
+        raise ValueError(
+            f"patched model: image/video grids were given with `inputs_embeds` but no `input_ids`; "
+            f"{state.adapter.name} takes no mm_token_type_ids, so only input_ids tell the image and video tokens "
+            f"apart: pass input_ids so the design can place the tokens"
+        )
     raise ValueError(
         "patched model: image/video grids were given with `inputs_embeds` but no `mm_token_type_ids`; "
         "pass mm_token_type_ids (text 0, image 1, video 2) so the design can place the tokens"
@@ -180,7 +186,7 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
         mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
     has_grids = grids[0] is not None or grids[1] is not None
     if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     _videos_without_types(state, grids[1], mm_token_type_ids)
     types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
     placed = not has_grids and (
@@ -188,7 +194,8 @@ def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask
     )
     if not placed:
         st.prefill(state, types, grids, mask, device)
-        if has_grids and input_ids is not None and mm_token_type_ids is not None:
+        if input_ids is not None and (mm_token_type_ids is not None if state.adapter.takes_token_types
+                                      else mask is not None) and (has_grids or not state.adapter.takes_token_types):
             hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
 
 
@@ -314,11 +321,11 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
         is_ids = inputs_tensor.ndim == 2 and not inputs_tensor.is_floating_point()
         input_ids = inputs_tensor if is_ids else None
     batch, length = inputs_tensor.shape[:2]
-    grids = (model_kwargs.get("image_grid_thw"), model_kwargs.get("video_grid_thw"),
-             model_kwargs.get("second_per_grid_ts"))
-    given = model_kwargs.get("mm_token_type_ids")
+    named = state.adapter.position_arguments(model_kwargs)
+    grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
+    given = named.get("mm_token_type_ids")
     if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
-        _grids_without_types()
+        _grids_without_types(state)
     _videos_without_types(state, grids[1], given)
     types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
     mask = model_kwargs.get("attention_mask")
@@ -329,8 +336,8 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
     state.prompt.generated = True  # later uncached forwards of generate come without grids
     hook.owner.model.rope_deltas = st.rope_deltas(state)
-    if given is None:  # generate extends these with zeros, so what it generates is declared text
-        types = state.prompt.types
+    if given is None and state.adapter.takes_token_types:  # generate extends these with zeros, so what it
+        types = state.prompt.types  # generates is declared text
         model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
     state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
     return None
@@ -364,8 +371,8 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
             f"by stock rules while decoding. Patch the generation model itself: patch_model(model), not "
             f"patch_model(model.model)"
         )
-    given = hook.bind(args, kwargs)
     state = hook.state
+    given = state.adapter.position_arguments(hook.bind(args, kwargs))
     if len(state.geometries) > 1:
         raise ValueError(
             f"patched model: get_rope_index cannot describe this patch: its layers use {len(state.geometries)} "
@@ -378,10 +385,11 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     mask = given.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     grids = (given.get("image_grid_thw"), given.get("video_grid_thw"), given.get("second_per_grid_ts"))
-    if (grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None:
-        _grids_without_types()
+    if ((grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None
+            and state.adapter.takes_token_types):
+        _grids_without_types(state)
     pos, deltas = st.index(state, types, grids, mask, input_ids.device)
-    if bool((pos == pos.round()).all()):
+    if state.adapter.integer_positions and bool((pos == pos.round()).all()):
         pos = pos.to(input_ids.dtype)
     return pos, deltas
 
@@ -555,6 +563,18 @@ LM_FORWARD = Contract(
               ("pixel_values",)),
     var_keyword=True,
 )
+def contract(fn: Callable, adapter: Any) -> Contract:
+    """The contract of hook ``fn`` on a model of ``adapter``'s family: the common one, knowing the family's own
+    position parameters (:attr:`~ropekit.hf.adapters.Adapter.position_params`, read by its
+    ``position_arguments``); ``get_rope_index`` needs no ``mm_token_type_ids`` where the family takes none."""
+    base = CONTRACTS[fn]
+    if fn is compute_3d_position_ids or fn is get_rope_index:
+        base = base.widened(adapter.position_params)
+    if fn is get_rope_index and not adapter.takes_token_types:
+        base = Contract(base.known, (("input_ids",),), base.var_keyword)
+    return base
+
+
 CONTRACTS: dict[Callable, Contract] = {
     compute_3d_position_ids: Contract(
         frozenset({"input_ids", "inputs_embeds", "attention_mask"}) | _CACHE | _GRIDS,

@@ -95,11 +95,11 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
         prepare = hooks.no_generation_position_ids
     else:
         forward = hooks.MULTIMODAL_FORWARD.widened(adapter.forward_params)
-        checks += [(type(inner), "compute_3d_position_ids", hooks.CONTRACTS[hooks.compute_3d_position_ids]),
+        checks += [(type(inner), "compute_3d_position_ids", hooks.contract(hooks.compute_3d_position_ids, adapter)),
                    (type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
         prepare = hooks.prepare_position_ids_for_generation
     if hasattr(inner, "get_rope_index"):
-        checks.append((type(inner), "get_rope_index", hooks.CONTRACTS[hooks.get_rope_index]))
+        checks.append((type(inner), "get_rope_index", hooks.contract(hooks.get_rope_index, adapter)))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         checks.append((type(top), "_prepare_position_ids_for_generation", hooks.CONTRACTS[prepare]))
     boundary.check_all(checks)
@@ -268,8 +268,9 @@ def patch_model(
     **design_options: Any,
 ) -> nn.Module:
     """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
-    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, GLM-OCR, ERNIE-4.5-VL-MoE, PaddleOCR-VL, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL,
-    Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma, Aya Vision) use ropekit positions and rotations.
+    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, GLM-OCR, ERNIE-4.5-VL-MoE, PaddleOCR-VL, the Qwen2.5-Omni and Qwen3-Omni-MoE
+    thinkers, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL, Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma,
+    Aya Vision) use ropekit positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one
@@ -377,7 +378,7 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         variants=variants if len(variants) > 1 or None not in variants else {},
         origin=adapter.position_origin,
         merge=adapter.merge(vcfg),
-        tokens_per_second=adapter.tokens_per_second(vcfg),
+        tokens_per_second=adapter.time_rate(inner.config),
         temporal_merge=adapter.temporal_merge(vcfg),
         layout=adapter.table_layout(text),
         float32_tables=adapter.float32_tables,
@@ -387,13 +388,15 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     if adapter.one_d:
         hooks.install(inner, "forward", hooks.lm_forward, state, contract=_lm_contract(adapter))
     else:
-        hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state)
+        hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state,
+                      contract=hooks.contract(hooks.compute_3d_position_ids, adapter))
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state, contract=_rotary_contract(adapter))
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, contract=_layer_contract(adapter), index=i,
                       geometry=names[i])
     if hasattr(inner, "get_rope_index"):
-        hooks.install(inner, "get_rope_index", hooks.get_rope_index, state)
+        hooks.install(inner, "get_rope_index", hooks.get_rope_index, state,
+                      contract=hooks.contract(hooks.get_rope_index, adapter))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
         hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)

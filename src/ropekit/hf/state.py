@@ -199,7 +199,7 @@ def index(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch
     transformers' ``get_rope_index`` returns its own; the patch state is left as it was."""
     prompt = _prompt(state, types, grids, mask, device)
     pos = _place(state, prompt, 0)[state.layer_geometry[0]].to(device)
-    return pos, _deltas(pos, prompt)
+    return pos, _deltas(pos, prompt, state.adapter.integer_positions)
 
 
 def rope_deltas(state: _State) -> Optional[torch.Tensor]:
@@ -209,15 +209,15 @@ def rope_deltas(state: _State) -> Optional[torch.Tensor]:
     """
     if state.prompt is None or state.pending is None:
         return None
-    return _deltas(state.pending[state.layer_geometry[0]], state.prompt)
+    return _deltas(state.pending[state.layer_geometry[0]], state.prompt, state.adapter.integer_positions)
 
 
-def _deltas(pos: torch.Tensor, prompt: _Prompt) -> torch.Tensor:
+def _deltas(pos: torch.Tensor, prompt: _Prompt, integer: bool = True) -> torch.Tensor:
     valid = torch.ones(pos.shape[1:], dtype=torch.bool) if prompt.mask is None else prompt.mask.bool()
     top = pos.masked_fill(~valid.to(pos.device)[None], float("-inf")).amax(dim=(0, 2))
     top = torch.where(prompt.counts > 0, top, torch.zeros_like(top))  # an all-padding row has delta 0
     delta = (top.double() + 1 - prompt.counts.double())[:, None]
-    return delta.long() if bool((delta == delta.round()).all()) else delta.float()
+    return delta.long() if integer and bool((delta == delta.round()).all()) else delta.float()
 
 
 def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], mask_4d: bool = False) -> bool:

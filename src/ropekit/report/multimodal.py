@@ -18,6 +18,7 @@ from ._html import table as _table
 
 IMAGE_LAYOUT = "T4 I4x4 T4"
 VIDEO_LAYOUT = "T4 V3x3x3 T4"
+AUDIO_LAYOUT = "T3 A4 T1 V2x2x2@2 T1 A3 T3"  # audio before and after a video, as an omni prompt has them
 BIAS_LAYOUT = "T4 V4x6x6 T16"
 PTD_LAYOUTS = ("I3x3 T5", IMAGE_LAYOUT, VIDEO_LAYOUT, "T2 I3x3 T2 I2x4 T2")
 BIAS_DESIGNS = ("vanilla", "mrope", "vrope", "circle")
@@ -34,12 +35,14 @@ def _code(text: str) -> str:
 
 def designs_section(out: Path, *, layout: "str | None" = None, designs: "Sequence[str] | None" = None) -> dict:
     names = _designs(designs)
-    layouts = [layout] if layout else [IMAGE_LAYOUT, VIDEO_LAYOUT]
+    layouts = [layout] if layout else [IMAGE_LAYOUT, VIDEO_LAYOUT, AUDIO_LAYOUT]
     parts = []
     for i, lay in enumerate(layouts):
-        png = "designs_layout.png" if layout else ("designs_image.png", "designs_video.png")[i]
+        png = "designs_layout.png" if layout else ("designs_image.png", "designs_video.png", "designs_audio.png")[i]
         plot_coordinates(lay, names, out / png)
-        parts.append(f"<p>Layout {_code(lay)}:</p><img src='{png}'>")
+        note = (" Audio tokens (red) are placed as each design's audio rule says: a text run, one position per "
+                "token (docs/designs.md, \"Audio\")." if lay == AUDIO_LAYOUT else "")
+        parts.append(f"<p>Layout {_code(lay)}:{note}</p><img src='{png}'>")
     three = [n for n in names if positions(layouts[0], n).shape[1] == 3]
     if three:
         plot_rings(layouts[0], three, out / "designs_3d.png")

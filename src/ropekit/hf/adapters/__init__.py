@@ -13,8 +13,10 @@ from .llava_onevision import LlavaOnevision
 from .mistral3 import Mistral3
 from .paddleocr_vl import PaddleOCRVL
 from .paligemma import PaliGemma
+from .qwen2_5_omni import Qwen2_5OmniThinker
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
+from .qwen3_omni_moe import Qwen3OmniMoeThinker
 from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
@@ -24,7 +26,7 @@ from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
-    GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Llava(), LlavaNext(), LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(),
-    Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
+    GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
+    LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

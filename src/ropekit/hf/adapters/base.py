@@ -78,6 +78,15 @@ class Adapter:
     #: the model's first position on 1-D families (PaliGemma counts from 1): every design's positions are
     #: shifted by it, as the stock model shifts its own
     position_origin: float = 0.0
+    #: parameters the family's ``compute_3d_position_ids`` / ``get_rope_index`` (and ``generate``'s model kwargs)
+    #: take beyond the common ones; :meth:`position_arguments` turns them into the common names or refuses them
+    position_params: frozenset = frozenset()
+    #: the family's forwards and ``get_rope_index`` take ``mm_token_type_ids`` (token types otherwise come from the
+    #: image and video token ids only, and ``generate`` is not handed any)
+    takes_token_types: bool = True
+    #: the family's ``get_rope_index`` returns integer positions and deltas (Qwen3-Omni's are float32 always); the
+    #: patched one returns integers where every position is whole, float32 otherwise
+    integer_positions: bool = True
 
     @property
     def name(self) -> str:
@@ -115,6 +124,17 @@ class Adapter:
     def tokens_per_second(self, vision_config: Any) -> Optional[float]:
         """Temporal positions per second of video, when the family scales video time (else None)."""
         return None
+
+    def time_rate(self, config: Any) -> Optional[float]:
+        """Temporal positions per second of video for a bare model's ``config`` (:meth:`tokens_per_second` of its
+        vision config unless the family keeps the rate elsewhere)."""
+        return self.tokens_per_second(getattr(config, "vision_config", None))
+
+    def position_arguments(self, given: dict) -> dict:
+        """A position call's arguments (by name) in the common names the hooks read: ``image_grid_thw``,
+        ``video_grid_thw``, ``second_per_grid_ts``, ``mm_token_type_ids`` and the rest as given. A family with
+        :attr:`position_params` renames its own, and refuses those it cannot honour with a ValueError."""
+        return given
 
     def temporal_merge(self, vision_config: Any) -> int:
         """Video grid steps merged into one token step (the grid's ``t`` given to the design is divided by this)."""

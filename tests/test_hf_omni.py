@@ -1,0 +1,382 @@
+"""ropekit designs inside Qwen2.5-Omni's and Qwen3-Omni-MoE's thinkers (tiny random models built from configs): text,
+images, videos and audio.
+
+References: the stock transformers model with the same weights (the stock-equivalent patch, ``tmrope`` with the
+family's ``temporal_rounding``, must give
+its logits, positions, ``rope_deltas`` and ``generate`` output bit for bit), each design's ``ropekit.positions`` on
+the layout the model sees (audio as ``A{n}``), and one teacher-forced forward over the whole sequence (cached
+generation must reproduce its logits).
+"""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import transformers as T
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+import ropekit
+from ropekit import Audio, Image, Layout, Text, Video
+from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
+
+from hf_compat import checkpointing_off, checkpointing_on
+
+IMG, VID, AUD, V_START, V_END, A_START, A_END, PAD = 70, 71, 72, 73, 74, 75, 76, 0
+SPECIAL = [IMG, VID, AUD, V_START, V_END, A_START, A_END]
+MEL, PIXEL = 8, 24  # mel bins of an audio frame; values of one video/image patch (3 channels × 2 × 2 × 2)
+DESIGNS = [d for d in ropekit.designs() if ropekit.get_design(d).allocation != "mhrope"]
+
+
+def _thinker():
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
+    return T.Qwen2_5OmniThinkerForConditionalGeneration(T.Qwen2_5OmniThinkerConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=80, num_hidden_layers=2, rope_parameters=rope),
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2, window_size=8,
+                           fullatt_block_indexes=[0]),
+        audio_config=dict(num_mel_bins=MEL, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                          d_model=16, output_dim=32, n_window=8, max_source_positions=64),
+        audio_token_index=AUD, image_token_index=IMG, video_token_index=VID, audio_start_token_id=A_START,
+        audio_end_token_id=A_END, vision_start_token_id=V_START, vision_end_token_id=V_END))
+
+
+def _qwen3_thinker():
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    return T.Qwen3OmniMoeThinkerForConditionalGeneration(T.Qwen3OmniMoeThinkerConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=80, num_hidden_layers=2, head_dim=16, rope_parameters=rope, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=16),
+        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
+                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0]),
+        audio_config=dict(num_mel_bins=MEL, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                          d_model=16, output_dim=32, n_window=50, n_window_infer=100, downsample_hidden_size=8,
+                          max_source_positions=200),
+        audio_token_id=AUD, image_token_id=IMG, video_token_id=VID, audio_start_token_id=A_START,
+        audio_end_token_id=A_END, vision_start_token_id=V_START, vision_end_token_id=V_END))
+
+
+def _frames_25(n):
+    """Mel frames Qwen2.5-Omni's audio encoder turns into ``n`` tokens (two stride-2 stages)."""
+    return 4 * n + 1
+
+
+def _frames_3(n):
+    """Mel frames Qwen3-Omni's audio encoder turns into ``n`` tokens: the shortest its own length formula maps to n."""
+    return next(f for f in range(1, 100) if int(_get_feat_extract_output_lengths(torch.tensor(f), 50)) == n)
+
+
+@dataclass(frozen=True)
+class Family:
+    build: Callable
+    frames: Callable  # audio tokens -> mel frames
+    stock: dict  # the stock-equivalent design's options
+
+
+FAMILIES = {
+    "qwen2_5_omni_thinker": Family(_thinker, _frames_25, {}),
+    "qwen3_omni_moe_thinker": Family(_qwen3_thinker, _frames_3, {"temporal_rounding": "exact"}),
+}
+BUILDERS = {name: f.build for name, f in FAMILIES.items()}  # for tests/test_hf_boundary.py
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def fam(request):
+    """(family spec, a stock model); the model is unpatched after every test."""
+    torch.manual_seed(0)
+    m = FAMILIES[request.param].build().eval()
+    m.generation_config.pad_token_id = PAD
+    m.generation_config.eos_token_id = None
+    m.generation_config.suppress_tokens = SPECIAL  # a random model may emit them; they would need grids
+    yield FAMILIES[request.param], m
+    if is_patched(m):
+        unpatch_model(m)
+
+
+@pytest.fixture(autouse=True)
+def _unpatched_after(request):
+    yield
+    if "fam" in request.fixturenames:
+        m = request.getfixturevalue("fam")[1]
+        if is_patched(m):
+            unpatch_model(m)
+        m.model.rope_deltas = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs: ("T", n) text, ("A", n) audio tokens, ("I", h, w) image patch grid, ("V", t, h, w, seconds) video
+
+
+def make_batch(family, samples, seed=0):
+    """Left-padded thinker inputs and, per sample, the layout its language model sees (spatial merge 2)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, layouts, img, vid, seconds, audio = [], [], [], [], [], []
+    for segs in samples:
+        ids, lay = [], []
+
+        def text(n):
+            ids.extend(torch.randint(1, 60, (n,), generator=g).tolist())
+            lay.append(Text(n))
+
+        def wrapped(start, token, n, seg, end):
+            ids.extend([start] + [token] * n + [end])
+            lay.extend([Text(1), seg, Text(1)])
+
+        for s in segs:
+            if s[0] == "T":
+                text(s[1])
+            elif s[0] == "A":
+                audio.append(family.frames(s[1]))
+                wrapped(A_START, AUD, s[1], Audio(s[1]), A_END)
+            elif s[0] == "I":
+                img.append([1, s[1], s[2]])
+                wrapped(V_START, IMG, s[1] * s[2] // 4, Image(s[1] // 2, s[2] // 2), V_END)
+            else:
+                t, h, w, sec = s[1:]
+                vid.append([t, h, w])
+                s32 = float(torch.tensor(sec, dtype=torch.float32))
+                wrapped(V_START, VID, t * h * w // 4, Video(t, h // 2, w // 2, 25 * s32), V_END)
+                seconds.append(sec)
+        rows.append(ids)
+        layouts.append(lay)
+    L = max(map(len, rows))
+    input_ids = torch.full((len(rows), L), PAD)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for b, ids in enumerate(rows):
+        input_ids[b, L - len(ids):] = torch.tensor(ids)
+        mask[b, L - len(ids):] = 1
+    inputs = dict(input_ids=input_ids, attention_mask=mask)
+    if img:
+        grids = torch.tensor(img)
+        inputs.update(image_grid_thw=grids, pixel_values=torch.randn(int(grids.prod(1).sum()), PIXEL, generator=g))
+    if vid:
+        grids = torch.tensor(vid)
+        inputs.update(video_grid_thw=grids, video_second_per_grid=torch.tensor(seconds),
+                      pixel_values_videos=torch.randn(int(grids.prod(1).sum()), PIXEL, generator=g))
+    if audio:
+        frames = max(audio)
+        inputs.update(input_features=torch.randn(len(audio), MEL, frames, generator=g),
+                      feature_attention_mask=(torch.arange(frames)[None] < torch.tensor(audio)[:, None]).long())
+    return inputs, layouts
+
+
+# 1.4 s per grid: (f·1.4)·25 truncates to 104 at frame 3 where f·35 gives 105 (tmrope's float32 order)
+MIXED = [[("T", 3), ("A", 2), ("T", 1), ("I", 4, 4), ("T", 2), ("V", 4, 2, 4, 1.4), ("T", 2)],
+         [("T", 2), ("V", 2, 4, 4, 0.5), ("T", 1), ("A", 3), ("I", 4, 8), ("T", 3)]]
+AUDIO_ONLY = [[("T", 2), ("A", 3), ("T", 2)], [("T", 4), ("A", 2), ("T", 1), ("A", 1), ("T", 1)]]
+
+
+def _batches(family):
+    return [make_batch(family, MIXED), make_batch(family, AUDIO_ONLY, seed=1)]
+
+
+def reference_positions(inputs, layouts, design, extra=0, **options):
+    """Expected (A, B, L): each sample's ``ropekit.positions`` (its layout, then ``extra`` text) on its tokens."""
+    mask = inputs["attention_mask"].bool()
+    per = [ropekit.positions(Layout(lay + ([Text(extra)] if extra else [])), design, **options) for lay in layouts]
+    out = torch.zeros(per[0].shape[1], *mask.shape)
+    for b, p in enumerate(per):
+        out[:, b, mask[b]] = p.T
+    return out
+
+
+def _logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def _stock_positions(model, inputs):
+    audio = inputs.get("feature_attention_mask")
+    return model.model.get_rope_index(
+        inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs["attention_mask"],
+        False, None if audio is None else audio.sum(1), inputs.get("video_second_per_grid"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_supported_models_lists_the_thinkers():
+    assert set(FAMILIES) <= set(supported_models())
+    assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen2_5_omni_thinker"][0] == "mrope"  # chunked sections
+    assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen3_omni_moe_thinker"][0] == "interleaved"
+
+
+def test_stock_equivalent_forward_matches_stock(fam):
+    """Audio, images and videos with left padding, and audio with text only: tmrope gives the stock positions,
+    rope_deltas and logits bit for bit, and the positions are ``ropekit.positions`` of the layout (audio as A{n})."""
+    family, model = fam
+    text = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(3))
+    want = []
+    for inputs, _ in _batches(family):
+        ref = _logits(model, inputs)
+        want.append((ref, *_stock_positions(model, inputs), model.model.rope_deltas))
+    want_text = _logits(model, dict(input_ids=text))
+    patch_model(model, "tmrope", **family.stock)
+    for (inputs, layouts), (ref, pos, deltas, set_deltas) in zip(_batches(family), want):
+        keep = inputs["attention_mask"].bool()
+        out = _logits(model, inputs)
+        assert torch.equal(out[keep], ref[keep])
+        assert torch.equal(model.model.rope_deltas, set_deltas) and torch.equal(set_deltas, deltas)
+        own = reference_positions(inputs, layouts, "tmrope", **family.stock)
+        assert torch.equal(pos[:, keep].float(), own[:, keep])
+        for p in last_positions(model).values():
+            assert torch.equal(p[:, keep], own[:, keep])
+        got, got_deltas = _stock_positions(model, inputs)  # the patched get_rope_index: the stock one here
+        assert torch.equal(got[:, keep], pos[:, keep]) and torch.equal(got_deltas, deltas)
+    assert torch.equal(_logits(model, dict(input_ids=text)), want_text)
+    patch_model(model, "circle")  # text is the diagonal in every design
+    assert torch.equal(_logits(model, dict(input_ids=text)), want_text)
+
+
+def test_tmrope_is_not_mrope_here(fam):
+    """The mixed batch's video at 1.4 s per grid is where TMRoPE's float32 order matters (and Qwen3-Omni keeps
+    fractional times): M-RoPE with the same Δt places frames elsewhere, so it is no stock-equivalent patch here."""
+    family, model = fam
+    inputs, layouts = make_batch(family, MIXED)
+    keep = inputs["attention_mask"].bool()
+    ref = _logits(model, inputs)
+    patch_model(model, "mrope")
+    stock = reference_positions(inputs, layouts, "tmrope", **family.stock)
+    assert not torch.equal(reference_positions(inputs, layouts, "mrope"), stock)
+    assert not torch.equal(_logits(model, inputs)[keep], ref[keep])
+
+
+def test_stock_equivalent_generate_matches_stock(fam):
+    family, model = fam
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    batches = [inputs for inputs, _ in _batches(family)]
+    with torch.no_grad():
+        want = [(model.generate(**inputs, **kw), model.model.rope_deltas) for inputs in batches]
+        patch_model(model, "tmrope", **family.stock)
+        for inputs, (ref, deltas) in zip(batches, want):
+            got = model.generate(**inputs, **kw)
+            assert torch.equal(got.sequences, ref.sequences)
+            for w, g in zip(ref.logits, got.logits):
+                assert torch.equal(g, w)
+            assert torch.equal(model.model.rope_deltas, deltas)
+
+
+def test_every_design_places_its_positions(fam):
+    """Every design runs on audio, images and videos, and every layer rotates with ``ropekit.positions`` of the
+    layout (audio placed as the design's rule says: a text run)."""
+    family, model = fam
+    batches = _batches(family)
+    for design in DESIGNS:
+        patch_model(model, design)
+        for inputs, layouts in batches:
+            keep = inputs["attention_mask"].bool()
+            out = _logits(model, inputs)
+            assert torch.isfinite(out[keep]).all(), design
+            want = reference_positions(inputs, layouts, design)
+            for p in last_positions(model).values():
+                assert torch.equal(p[:, keep], want[:, keep]), design
+
+
+@pytest.mark.parametrize("age", [None, "alternate"])
+def test_cached_generation_equals_a_teacher_forced_forward(fam, age):
+    family, model = fam
+    inputs, layouts = make_batch(family, MIXED)
+    patch_model(model, "circle", age=age)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        n = out.sequences.shape[1] - inputs["input_ids"].shape[1]
+        full = dict(inputs, input_ids=out.sequences,
+                    attention_mask=torch.cat([inputs["attention_mask"], torch.ones(2, n, dtype=torch.long)], 1))
+        logits = model(**full).logits
+    keep = full["attention_mask"].bool()
+    for layer, p in last_positions(model).items():
+        want = reference_positions(full, layouts, layer_designs(model)[layer], extra=n)
+        assert torch.equal(p[:, keep], want[:, keep])
+    start = inputs["input_ids"].shape[1] - 1
+    for k, step in enumerate(out.logits):
+        torch.testing.assert_close(step, logits[:, start + k], rtol=1e-5, atol=1e-5)
+
+
+def test_checkpointed_training_step(fam):
+    """AGE training: the loss backpropagates, and gradient checkpointing gives the same gradients."""
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    patch_model(model, "circle", age="alternate")
+
+    def grads():
+        model.zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        g = {n: p.grad.clone() for n, p in model.model.language_model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return loss, g
+
+    model.train()
+    try:
+        loss, plain = grads()
+        checkpointing_on(model, use_reentrant=False)
+        loss2, ckpt = grads()
+    finally:
+        checkpointing_off(model)
+        model.eval()
+    assert torch.isfinite(loss) and torch.equal(loss, loss2)
+    assert plain.keys() == ckpt.keys() and any(".self_attn." in n for n in plain)
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-6, atol=1e-7)
+
+
+def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    patch_model(model, "circle", age="alternate", alpha=0.5)
+    ref = _logits(model, inputs)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    assert not is_patched(loaded)
+    patch_model(loaded)
+    assert layer_designs(loaded) == layer_designs(model)
+    assert torch.equal(_logits(loaded, inputs), ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the patch refuses
+
+
+def test_audio_in_video_is_refused(fam):
+    """A video's audio interleaved with its frames has no ropekit segment: the patch refuses it, never misplaces."""
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="use_audio_in_video=True .* cannot express"):
+        _logits(model, dict(inputs, use_audio_in_video=True))
+    with pytest.raises(ValueError, match="use_audio_in_video=True"):
+        model.generate(**inputs, use_audio_in_video=True, max_new_tokens=1)
+    with pytest.raises(ValueError, match="use_audio_in_video=True"):
+        model.model.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"], inputs["video_grid_thw"],
+                                   inputs["attention_mask"], True, None, inputs["video_second_per_grid"])
+    _logits(model, dict(inputs, use_audio_in_video=False))  # False is the layout ropekit places
+
+
+def test_videos_need_their_seconds(fam):
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    inputs.pop("video_second_per_grid")
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="video_grid_thw without video_second_per_grid"):
+        _logits(model, inputs)
+
+
+def test_embeddings_without_ids_are_refused_with_grids(fam):
+    """The thinkers take no mm_token_type_ids: with images given as embeddings only, nothing tells the patch which
+    tokens they are (the stock model then places every token as text); the patch asks for input_ids."""
+    family, model = fam
+    inputs, _ = make_batch(family, MIXED)
+    ids = inputs.pop("input_ids")
+    inputs.pop("input_features"), inputs.pop("feature_attention_mask")
+    inputs.pop("pixel_values"), inputs.pop("pixel_values_videos")
+    embeds = model.get_input_embeddings()(ids)
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="no `input_ids`; .* takes no mm_token_type_ids, so only input_ids"):
+        _logits(model, dict(inputs, inputs_embeds=embeds))
