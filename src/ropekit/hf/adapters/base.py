@@ -88,6 +88,10 @@ class Adapter:
     #: patched one returns integers where every position is whole, float32 otherwise
     integer_positions: bool = True
 
+    #: the oldest transformers release whose layout of this family the adapter knows, and what changed
+    #: there (``(version, reason)``); older releases are refused at patch time. None: the project's floor
+    oldest_transformers: Optional[tuple] = None
+
     @property
     def name(self) -> str:
         return self.model_type

@@ -26,6 +26,10 @@ _AUDIO_LENGTHS = ("audio_feature_lengths", "audio_seqlens")
 
 class Qwen2_5OmniThinker(Adapter):
     model_type = "qwen2_5_omni_thinker"
+    # before 5.21 the thinker was itself the bare model (its text model at ``thinker.model``, no
+    # ``language_model``, the position code on the generation class); the adapter knows the later layout only
+    oldest_transformers = ("5.21.0", "before 5.21 the thinker held its text model directly, a layout the "
+                                     "adapter does not place")
     takes_token_types = False
     forward_params = frozenset({"input_features", "feature_attention_mask", "audio_feature_lengths",
                                 "use_audio_in_video", "video_second_per_grid"})
