@@ -35,6 +35,7 @@ from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.geope import (CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, check_channels,
                                geope_frequencies, geope_rotation, triple_weights)
+from . import _cpu_kernel
 from ._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ._parallel import run_blocks
 
@@ -306,6 +307,93 @@ def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, se
     return _run_blocked(x, planes, 3 * n, seq_dim, rotate)
 
 
+# The compiled CPU kernel for channels="interleaved" (ropekit.apply._cpu_kernel): used under torch.compile on
+# CPU, where Inductor leaves the stride-3 triple loop scalar, and eagerly for calls of at least this many elements
+# of x (smaller ones skip the kernel's build, one to three seconds on first use, which Inductor caches on disk).
+_KERNEL_MIN_ELEMS = 1 << 21
+# weight planes of the transposed rotation R^T (the backward), in triple_weights' order R00 R01 R02 R11 R12 R10
+# R22 R21 R20: R^T00 = R00, R^T01 = R10, R^T02 = R20, R^T11 = R11, R^T12 = R21, R^T10 = R01, R^T22 = R22, ...
+_TRANSPOSED = (0, 5, 8, 3, 7, 1, 6, 4, 2)
+
+
+def _env_allows_kernel() -> bool:
+    from .fused import _env_allows_compile
+
+    return _env_allows_compile()
+
+
+def _interleaved_kernel(x: torch.Tensor):
+    """The compiled kernel for ``x``'s dtype where it gives the eager path's bits here, else None: it is not
+    built (no compiler, ``ROPEKIT_COMPILE=0``), or ATen's addcmul rounds its vector body and its remainder
+    differently (:func:`ropekit.apply._cpu_kernel.addcmul_fuses`)."""
+    if not _env_allows_kernel() or not _cpu_kernel.geope_supports(x) or _cpu_kernel.addcmul_fuses() is None:
+        return None
+    return _cpu_kernel.geope_kernel_for(x.dtype)
+
+
+def _rotate_interleaved_addcmul(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """The kernel's stand-in where it cannot run: each triple's three terms summed with ATen's ``addcmul`` in
+    the blocked eager path's order, so it rounds as that path does (fused or not), from the float32 weight
+    ``planes`` ``(9, [B,] L, n)``. Every triple reads only its own components (a NaN stays in its triple)."""
+    n = planes.shape[-1]
+    R = 3 * n
+    w = [_broadcast(p, 0, seq_dim, x.ndim) for p in planes.unbind(0)]
+    v0, v1, v2 = x[..., :R].to(torch.float32).unflatten(-1, (n, 3)).unbind(-1)
+    out = torch.stack((torch.addcmul(torch.addcmul(v0 * w[0], v1, w[1]), v2, w[2]),
+                       torch.addcmul(torch.addcmul(v1 * w[3], v2, w[4]), v0, w[5]),
+                       torch.addcmul(torch.addcmul(v2 * w[6], v1, w[7]), v0, w[8])), -1).flatten(-2).to(x.dtype)
+    return out if R == x.shape[-1] else torch.cat((out, x[..., R:]), dim=-1)
+
+
+@torch.library.custom_op("ropekit::geope_interleaved", mutates_args=())
+def _geope_interleaved(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """GeoPE on the interleaved triples of CPU ``x`` (float32, bfloat16 or float16) with the rotation's float32
+    weight ``planes`` ``(9, [B,] L, n)``; ``seq_dim`` -2 or 1. An operator of its own, so that torch.compile
+    calls the compiled kernel instead of tracing the scalar stride-3 loop; the eager path's bits either way."""
+    out = torch.empty_like(x)
+    kern = _interleaved_kernel(x)
+    if kern is None:
+        return out.copy_(_rotate_interleaved_addcmul(x, planes, seq_dim))
+    _cpu_kernel.rotate_geope_into(kern, x, planes, out, seq_dim, planes=True, fused=bool(_cpu_kernel.addcmul_fuses()))
+    return out
+
+
+@_geope_interleaved.register_fake
+def _(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _setup_backward(ctx, inputs, output) -> None:
+    ctx.planes, ctx.seq_dim = inputs[1], inputs[2]
+
+
+def _backward(ctx, grad: torch.Tensor):
+    # a rotation's adjoint is its transpose: the same operator with R^T's planes (pass-through channels: identity)
+    planes_t = ctx.planes[list(_TRANSPOSED)]
+    return torch.ops.ropekit.geope_interleaved(grad.contiguous(), planes_t, ctx.seq_dim), None, None
+
+
+_geope_interleaved.register_autograd(_backward, setup_context=_setup_backward)
+
+
+def _covers(planes: torch.Tensor, x: torch.Tensor, seq_dim: int) -> bool:
+    """The planes broadcast against x's triples without growing x (a per-sample rotation of batch 1 or x's)."""
+    rows = x.shape[:-1] + (planes.shape[-1],)
+    return torch.broadcast_shapes(rows, _broadcast(planes[0], 0, seq_dim, x.ndim).shape) == rows
+
+
+def _use_interleaved_kernel(x: torch.Tensor, planes: torch.Tensor | None) -> bool:
+    """Whether a call takes :func:`_geope_interleaved`: CPU float32/bfloat16/float16 ``x`` whose rotation's
+    float32 planes cover x's shape, under torch.compile, or eagerly for large calls without gradients whose
+    kernel is at hand (built here)."""
+    if planes is None or planes.dtype != torch.float32 or not _cpu_kernel.geope_supports(x):
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    return (x.numel() >= _KERNEL_MIN_ELEMS and not (torch.is_grad_enabled() and x.requires_grad)
+            and _interleaved_kernel(x) is not None)
+
+
 def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
                 channels: str | None = None) -> torch.Tensor:
     """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
@@ -337,6 +425,12 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
         if torch.broadcast_shapes(rows, w[0].shape) != rows:
             return _rotate_functional(x, rotation, n, seq_dim, channels)
         return _rotate_thirds_eager(x, w, n, seq_dim)
+    if x.device.type == "cpu" and x.dtype != torch.float64:
+        planes = rotation.planes if rotation.planes is not None and rotation.planes.dtype == torch.float32 else None
+        if torch.compiler.is_compiling() and planes is None:
+            planes = _weight_planes(rotation, torch.float32, x.device)  # traced: one transpose per call
+        if _use_interleaved_kernel(x, planes) and _covers(planes, x, seq_dim):
+            return torch.ops.ropekit.geope_interleaved(x, planes, seq_dim)
     if torch.compiler.is_compiling() or x.device.type != "cpu":
         # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
         return _rotate_coeff_functional(x, _triple_weights(rotation, _work_dtype(x), x.device), n, seq_dim)
