@@ -189,3 +189,31 @@ def test_gradients_through_the_operator_are_the_transposed_rotation(monkeypatch,
         assert torch.equal(out.detach(), apply_geope(x, rot))
         out.square().sum().backward()
         torch.testing.assert_close(xc.grad[..., :12], 2 * x[..., :12], atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("seq_dim", [-2, 1])
+def test_queries_and_keys_in_one_call_with_other_head_counts(monkeypatch, seq_dim):
+    """apply_geope_qk rotates q and k (grouped-query: fewer key heads) with one kernel call when both take it;
+    each equals its own blocked eager rotation, and the pair's backward is Rᵀ on each gradient."""
+    g = torch.Generator().manual_seed(10)
+    B, L, D = 2, 19, 12
+    coords = torch.randn(B, L, 2, generator=g) * 4
+    rot = geope_rotation(coords, D)
+    shape = lambda h: (B, h, L, D) if seq_dim == -2 else (B, L, h, D)  # noqa: E731
+    q, k = torch.randn(shape(4), generator=g), torch.randn(shape(2), generator=g)
+    monkeypatch.setenv("ROPEKIT_COMPILE", "0")
+    ref_q, ref_k = apply_geope(q, rot, seq_dim=seq_dim), apply_geope(k, rot, seq_dim=seq_dim)
+    monkeypatch.setenv("ROPEKIT_COMPILE", "1")
+    monkeypatch.setattr(geo, "_KERNEL_MIN_ELEMS", 0)
+    calls = []
+    real = _cpu_kernel.rotate_geope_into
+    monkeypatch.setattr(_cpu_kernel, "rotate_geope_into", lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw))
+    out_q, out_k = apply_geope_qk(q, k, rot, seq_dim=seq_dim)
+    assert calls == [2]
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+    oq, ok = torch.ops.ropekit.geope_interleaved_qk(qg, kg, rot.planes, seq_dim)
+    (oq.square().sum() + ok.square().sum()).backward()
+    torch.testing.assert_close(qg.grad, 2 * q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kg.grad, 2 * k, atol=1e-5, rtol=1e-5)

@@ -239,20 +239,18 @@ static void rotate_run(const S* x, S* o, const float* w, int64_t m, int64_t P, b
 // contiguous along the sequence (contiguous (B, H, L, 3n) input), the block's rows of one head are one run of
 // triples: each loop runs CH times longer than a row.
 template <typename S>  // a template, so that only the branches for this element type are compiled
-static void run(const S* x, S* o, const float* w, int64_t n0, int64_t n1, int64_t n2,
-                int64_t xs0, int64_t xs1, int64_t xs2, int64_t os0, int64_t os1, int64_t os2,
-                int64_t ws0, int64_t ws2, int64_t wp, bool packed, int64_t n, int64_t D, bool fused,
-                int64_t nthreads)
+static void run(const S* const* xs, S* const* os, const int64_t* heads, const int64_t* xst, const int64_t* ost,
+                int64_t nx, const float* w, int64_t n0, int64_t n2, int64_t ws0, int64_t ws2, int64_t wp,
+                bool packed, int64_t n, int64_t D, bool fused, int64_t nthreads)
 {
-    constexpr int64_t CH = 16;
+    constexpr int64_t CH = 64;
     const int64_t nblk = (n2 + CH - 1) / CH, R = 3 * n;
     const int64_t P = packed ? CH * n : wp, step = packed ? n : ws2;
-    const bool merged = R == D && xs2 == D && os2 == D && step == n;
     constexpr bool widened = std::is_same_v<S, at::Half>;
     #pragma omp parallel num_threads(nthreads)
     {
         std::vector<float> wt(packed ? 9 * P : 0), fi(widened ? R : 0), fo(widened ? R : 0);
-        #pragma omp for schedule(dynamic, 4)
+        #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n0 * nblk; ++task) {
             const int64_t i0 = task / nblk, b = task %% nblk;
             const int64_t start = b * CH, len = std::min(n2, start + CH) - start;
@@ -264,39 +262,50 @@ static void run(const S* x, S* o, const float* w, int64_t n0, int64_t n1, int64_
                             wt[t * P + p * n + i] = wb[p * ws2 + 9 * i + t];
                 wb = wt.data();
             }
-            for (int64_t i1 = 0; i1 < n1; ++i1) {
-                const S* xb = x + i0 * xs0 + i1 * xs1 + start * xs2;
-                S* ob = o + i0 * os0 + i1 * os1 + start * os2;
-                if (merged && !widened) {
-                    rotate_run(xb, ob, wb, len * n, P, fused, fi.data(), fo.data());
-                    continue;
-                }
-                for (int64_t p = 0; p < len; ++p) {
-                    const S* xr = xb + p * xs2;
-                    S* orow = ob + p * os2;
-                    rotate_run(xr, orow, wb + p * step, n, P, fused, fi.data(), fo.data());
-                    if (R < D)
-                        std::memcpy(orow + R, xr + R, (D - R) * sizeof(S));
+            for (int64_t j = 0; j < nx; ++j) {  // q, then k: one block of weights serves both
+                const int64_t *s = xst + 3 * j, *so = ost + 3 * j;
+                const bool merged = R == D && s[2] == D && so[2] == D && step == n && !widened;
+                for (int64_t i1 = 0; i1 < heads[j]; ++i1) {
+                    const S* xb = xs[j] + i0 * s[0] + i1 * s[1] + start * s[2];
+                    S* ob = os[j] + i0 * so[0] + i1 * so[1] + start * so[2];
+                    if (merged) {
+                        rotate_run(xb, ob, wb, len * n, P, fused, fi.data(), fo.data());
+                        continue;
+                    }
+                    for (int64_t p = 0; p < len; ++p) {
+                        const S* xr = xb + p * s[2];
+                        S* orow = ob + p * so[2];
+                        rotate_run(xr, orow, wb + p * step, n, P, fused, fi.data(), fo.data());
+                        if (R < D)
+                            std::memcpy(orow + R, xr + R, (D - R) * sizeof(S));
+                    }
                 }
             }
         }
     }
 }
-extern "C" void kernel(const scalar_t* x, scalar_t* o, const float* w,
-                       int64_t n0, int64_t n1, int64_t n2,
+// x and o (and, with nx = 2, y and p: the keys next to the queries) are (batch, heads, sequence) rows with
+// strides xs*/os*/ys*/ps*; hx, hy heads; the batch and sequence sizes are shared.
+extern "C" void kernel(const scalar_t* x, scalar_t* o, const scalar_t* y, scalar_t* p, const float* w,
+                       int64_t nx, int64_t n0, int64_t hx, int64_t hy, int64_t n2,
                        int64_t xs0, int64_t xs1, int64_t xs2, int64_t os0, int64_t os1, int64_t os2,
+                       int64_t ys0, int64_t ys1, int64_t ys2, int64_t ps0, int64_t ps1, int64_t ps2,
                        int64_t ws0, int64_t ws2, int64_t wp, int64_t packed, int64_t n, int64_t D, int64_t fused,
                        int64_t nthreads)
 {
-    run<scalar_t>(x, o, w, n0, n1, n2, xs0, xs1, xs2, os0, os1, os2, ws0, ws2, wp, packed != 0, n, D, fused != 0,
-                  nthreads);
+    const scalar_t* xs[2] = {x, y};
+    scalar_t* outs[2] = {o, p};
+    const int64_t heads[2] = {hx, hy};
+    const int64_t xst[6] = {xs0, xs1, xs2, ys0, ys1, ys2}, ost[6] = {os0, os1, os2, ps0, ps1, ps2};
+    run<scalar_t>(xs, outs, heads, xst, ost, nx, w, n0, n2, ws0, ws2, wp, packed != 0, n, D, fused != 0, nthreads);
 }
 """
 
 
 def geope_kernel_for(dtype: torch.dtype):
     """The compiled GeoPE kernel (interleaved triples) for ``dtype``, or None when it cannot be built here."""
-    return _build("geope", dtype, _GEOPE_SOURCE, lambda t: [f"const {t}*", f"{t}*", "const float*"] + ["int64_t"] * 17)
+    return _build("geope", dtype, _GEOPE_SOURCE,
+                  lambda t: [f"const {t}*", f"{t}*", f"const {t}*", f"{t}*", "const float*"] + ["int64_t"] * 25)
 
 
 def geope_supports(x: torch.Tensor) -> bool:
@@ -304,14 +313,17 @@ def geope_supports(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in _TYPES and x.ndim in (3, 4) and x.stride(-1) == 1
 
 
-def rotate_geope_into(kern, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, seq_dim: int, *,
-                      planes: bool, fused: bool) -> None:
-    """Rotate the interleaved triples of ``x`` into ``out`` (not overlapping ``x``; channels past ``3n`` copied).
+def rotate_geope_into(kern, xs, weights: torch.Tensor, outs, seq_dim: int, *, planes: bool, fused: bool) -> None:
+    """Rotate the interleaved triples of each tensor of ``xs`` (one, or q and k: same batch and sequence, head
+    counts may differ) into the matching tensor of ``outs`` (not overlapping the inputs; channels past ``3n``
+    copied), in one pass over the rotation's weights.
 
     ``weights`` are float32 CPU weights of :func:`ropekit.rotations.geope.triple_weights`' order, shared
     (``L``) or per sample (``B, L`` with B = 1 or x's batch): component-major ``planes`` ``(9, [B,] L, n)``
     (``planes=True``, read in place) or ``triples`` ``(…, L, n, 9)``. ``seq_dim`` is -2 for ``(…, H, L, D)`` and 1
     for ``(B, L, H, D)``; ``fused``: each sum term added with one rounding (see :func:`addcmul_fuses`)."""
+    if isinstance(xs, torch.Tensor):
+        xs, outs = (xs,), (outs,)
     if planes:
         n = weights.shape[-1]
         if weights.stride(-1) != 1:
@@ -328,13 +340,17 @@ def rotate_geope_into(kern, x: torch.Tensor, weights: torch.Tensor, out: torch.T
         wp, ws0, ws2 = 0, weights.stride(0), weights.stride(1)
     if weights.shape[-3 if planes else -4] == 1:
         ws0 = 0
-    if x.ndim == 3:  # one (H, L, D) sample
-        x, out = x[None], out[None]
+    if xs[0].ndim == 3:  # one (H, L, D) sample each
+        xs, outs = tuple(x[None] for x in xs), tuple(o[None] for o in outs)
         seq_dim = -2
     dims = (0, 1, 2) if seq_dim == -2 else (0, 2, 1)  # (batch, heads, sequence)
     pick = lambda t: [t[d] for d in dims]  # noqa: E731
-    kern(x, out, weights, *pick(x.shape), *pick(x.stride()), *pick(out.stride()), ws0, ws2, wp, int(not planes), n,
-         x.shape[-1], int(fused), torch.get_num_threads())
+    x, o = xs[0], outs[0]
+    y, p = (xs[1], outs[1]) if len(xs) > 1 else (x, o)
+    B, H, L = pick(x.shape)
+    kern(x, o, y, p, weights, len(xs), B, H, pick(y.shape)[1], L, *pick(x.stride()), *pick(o.stride()),
+         *pick(y.stride()), *pick(p.stride()), ws0, ws2, wp, int(not planes), n, x.shape[-1], int(fused),
+         torch.get_num_threads())
 
 
 _addcmul_mode: list = []
