@@ -90,6 +90,9 @@ def _measure(shape, dtype_name: str, rounds: int, fns: dict) -> dict:
 def child(cfg: dict) -> dict:
     import torch
 
+    from .common import pin_allocator
+
+    allocator = pin_allocator("steady")  # as the other suites: large blocks reused, not mapped afresh per call
     torch.set_num_threads(cfg["threads"])
     from ropekit.apply import geope as geo
     from ropekit.apply.fused import apply_rotary_qk_fused
@@ -109,7 +112,8 @@ def child(cfg: dict) -> dict:
             for dtype_name in DTYPES:
                 rounds = cfg["rounds"] if shape[0] * shape[1] * shape[2] <= 1 << 16 else max(3, cfg["rounds"] // 4)
                 out.append(_measure(tuple(shape), dtype_name, rounds, fns))
-    return {"threads": cfg["threads"], "torch_threads": torch.get_num_threads(), "results": out}
+    return {"threads": cfg["threads"], "torch_threads": torch.get_num_threads(), "allocator": allocator,
+            "results": out}
 
 
 def _load() -> float:
