@@ -358,7 +358,10 @@ def _run_interleaved(xs: tuple, planes: torch.Tensor, seq_dim: int) -> tuple:
     """The operators' body: each tensor of ``xs`` (one, or q and k) rotated into a fresh tensor of its shape,
     strides and dtype, by the kernel in one pass over the planes, or by the addcmul stand-in."""
     outs = tuple(torch.empty_like(x) for x in xs)
-    kern = _interleaved_kernel(xs[0])
+    ldim = -2 if seq_dim == -2 else 1
+    same = all(x.dtype == xs[0].dtype and x.ndim == xs[0].ndim and x.shape[ldim] == xs[0].shape[ldim]
+               and (x.ndim == 3 or x.shape[0] == xs[0].shape[0]) and _cpu_kernel.geope_supports(x) for x in xs)
+    kern = _interleaved_kernel(xs[0]) if same and planes.dtype == torch.float32 else None
     if kern is None:
         return tuple(o.copy_(_rotate_interleaved_addcmul(x, planes, seq_dim)) for x, o in zip(xs, outs))
     _cpu_kernel.rotate_geope_into(kern, xs, planes, outs, seq_dim, planes=True, fused=bool(_cpu_kernel.addcmul_fuses()))
