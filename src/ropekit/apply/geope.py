@@ -6,26 +6,35 @@
 ``v cos Θ + sinc · (φ × v) + versc · φ (φ · v)`` — the sandwich product ``r v r*`` without building
 quaternions or 3×3 matrices. Maths in float32 (float64 for float64 input); output has the input's dtype.
 
-Two paths give the same rotation (equal to float32 rounding):
+Paths that give the same rotation (equal to float32 rounding; the compiled CPU kernel bit for bit):
 
 - functional (autograd, broadcasting that grows ``x``): :func:`rotate_triples` on the triples, a handful
-  of full-size temporaries; under ``torch.compile`` and on accelerators each triple's three components
-  combined with its nine packed weights (:func:`ropekit.rotations.geope.triple_weights`) with fixed
-  slices instead, which Inductor fuses into one loop over triples;
+  of full-size temporaries; under ``torch.compile`` on accelerators (and on CPU without float32 weight
+  planes, or for float64) each triple's three components combined with its nine packed weights
+  (:func:`ropekit.rotations.geope.triple_weights`) with fixed slices instead, which Inductor fuses into one
+  loop over triples;
 - eager on CPU (everything else): the rotation's per-channel coefficients
   (:func:`ropekit.rotations.geope.channel_coefficients`) applied with five multiply-adds over shifted
   contiguous views, block by block along the sequence so float32 temporaries stay in cache, writing
   straight into the output — about the cost of the fused planar RoPE path. The shifted views reach
   across triple (and, merged, token) boundaries with zero weights, and ``0 · inf`` is NaN, so a block
   whose result is not finite is recomputed triple by triple: a NaN/inf input channel only ever affects
-  its own triple of its own token, on every path.
+  its own triple of its own token, on every path. This is the reference the compiled kernel matches.
+- compiled CPU kernel (``channels="interleaved"``, float32/bfloat16/float16): Inductor leaves the stride-3
+  loop over interleaved triples scalar, so under ``torch.compile`` on CPU the call goes to the operator
+  ``ropekit::geope_interleaved`` instead, which runs a small C++ kernel (:mod:`ropekit.apply._cpu_kernel`)
+  reading the rotation's weight ``planes``: the eager path's sums in its order and rounding (fused or not,
+  as ATen's ``addcmul`` there), so the same bits, at about compiled planar RoPE's cost. Its backward is the
+  same operator with the transposed rotation. Eager calls of at least ``2**21`` elements without gradients
+  take it too (same bits). Without a C++ compiler (or with ``ROPEKIT_COMPILE=0``) the operator sums with
+  ``addcmul`` in torch instead, still the eager path's bits.
 
 With ``channels="thirds"`` each component of every triple is a contiguous run of ``n`` channels, so both
 the compiled and the eager path are three output slices of three multiply-adds each over contiguous
 slices, with the rotation's component-major weight ``planes``; nothing crosses a triple, so no block
 needs confining. This layout is the same rotation on permuted channels (``q·k`` is unchanged when q and k
-share it) and is what to pick for speed under ``torch.compile``, where the interleaved layout's stride-3
-loop stays scalar.
+share it); it vectorises under ``torch.compile`` on any backend, where the interleaved layout relies on the
+CPU kernel above.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from ..designs.registry import positions
 from ..layout import Layout
 from ..rotations.geope import (CHANNEL_OFFSETS, GeoPERotation, channel_coefficients, check_channels,
                                geope_frequencies, geope_rotation, triple_weights)
+from . import _cpu_kernel
 from ._inputs import canonical_seq_dim, check_qk, match_coords_batch, resolve_coords
 from ._parallel import run_blocks
 
@@ -306,18 +316,161 @@ def _rotate_thirds_eager(x: torch.Tensor, planes: list[torch.Tensor], n: int, se
     return _run_blocked(x, planes, 3 * n, seq_dim, rotate)
 
 
+# The compiled CPU kernel for channels="interleaved" (ropekit.apply._cpu_kernel): used under torch.compile on
+# CPU, where Inductor leaves the stride-3 triple loop scalar, and eagerly for calls of at least this many elements
+# of x (smaller ones skip the kernel's build, one to three seconds on first use, which Inductor caches on disk).
+_KERNEL_MIN_ELEMS = 1 << 21
+# weight planes of the transposed rotation R^T (the backward), in triple_weights' order R00 R01 R02 R11 R12 R10
+# R22 R21 R20: R^T00 = R00, R^T01 = R10, R^T02 = R20, R^T11 = R11, R^T12 = R21, R^T10 = R01, R^T22 = R22, ...
+_TRANSPOSED = (0, 5, 8, 3, 7, 1, 6, 4, 2)
+
+
+def _env_allows_kernel() -> bool:
+    from .fused import _env_allows_compile
+
+    return _env_allows_compile()
+
+
+def _interleaved_kernel(x: torch.Tensor):
+    """The compiled kernel for ``x``'s dtype where it gives the eager path's bits here, else None: it is not
+    built (no compiler, ``ROPEKIT_COMPILE=0``), or ATen's addcmul rounds its vector body and its remainder
+    differently (:func:`ropekit.apply._cpu_kernel.addcmul_fuses`)."""
+    if not _env_allows_kernel() or not _cpu_kernel.geope_supports(x) or _cpu_kernel.addcmul_fuses() is None:
+        return None
+    return _cpu_kernel.geope_kernel_for(x.dtype)
+
+
+def _rotate_interleaved_addcmul(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """The kernel's stand-in where it cannot run: each triple's three terms summed with ATen's ``addcmul`` in
+    the blocked eager path's order, so it rounds as that path does (fused or not), from the float32 weight
+    ``planes`` ``(9, [B,] L, n)``. Every triple reads only its own components (a NaN stays in its triple)."""
+    n = planes.shape[-1]
+    R = 3 * n
+    w = [_broadcast(p, 0, seq_dim, x.ndim) for p in planes.unbind(0)]
+    v0, v1, v2 = x[..., :R].to(torch.float32).unflatten(-1, (n, 3)).unbind(-1)
+    out = torch.stack((torch.addcmul(torch.addcmul(v0 * w[0], v1, w[1]), v2, w[2]),
+                       torch.addcmul(torch.addcmul(v1 * w[3], v2, w[4]), v0, w[5]),
+                       torch.addcmul(torch.addcmul(v2 * w[6], v1, w[7]), v0, w[8])), -1).flatten(-2).to(x.dtype)
+    return out if R == x.shape[-1] else torch.cat((out, x[..., R:]), dim=-1)
+
+
+def _run_interleaved(xs: tuple, planes: torch.Tensor, seq_dim: int) -> tuple:
+    """The operators' body: each tensor of ``xs`` (one, or q and k) rotated into a fresh tensor of its shape,
+    strides and dtype, by the kernel in one pass over the planes, or by the addcmul stand-in."""
+    outs = tuple(torch.empty_like(x) for x in xs)
+    ldim = -2 if seq_dim == -2 else 1
+    same = all(x.dtype == xs[0].dtype and x.ndim == xs[0].ndim and x.shape[ldim] == xs[0].shape[ldim]
+               and (x.ndim == 3 or x.shape[0] == xs[0].shape[0]) and _cpu_kernel.geope_supports(x) for x in xs)
+    kern = _interleaved_kernel(xs[0]) if same and planes.dtype == torch.float32 else None
+    if kern is None:
+        return tuple(o.copy_(_rotate_interleaved_addcmul(x, planes, seq_dim)) for x, o in zip(xs, outs))
+    _cpu_kernel.rotate_geope_into(kern, xs, planes, outs, seq_dim, planes=True, fused=bool(_cpu_kernel.addcmul_fuses()))
+    return outs
+
+
+@torch.library.custom_op("ropekit::geope_interleaved", mutates_args=())
+def _geope_interleaved(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """GeoPE on the interleaved triples of CPU ``x`` (float32, bfloat16 or float16) with the rotation's float32
+    weight ``planes`` ``(9, [B,] L, n)``; ``seq_dim`` -2 or 1. An operator of its own, so that torch.compile
+    calls the compiled kernel instead of tracing the scalar stride-3 loop; the eager path's bits either way."""
+    return _run_interleaved((x,), planes, seq_dim)[0]
+
+
+@_geope_interleaved.register_fake
+def _(x: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("ropekit::geope_interleaved_qk", mutates_args=())
+def _geope_interleaved_qk(q: torch.Tensor, k: torch.Tensor, planes: torch.Tensor,
+                          seq_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_geope_interleaved` of q and k (one dtype, batch and sequence; head counts may differ) in one pass:
+    each block of the rotation's planes is read once for both."""
+    return _run_interleaved((q, k), planes, seq_dim)
+
+
+@_geope_interleaved_qk.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, planes: torch.Tensor, seq_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _setup_backward(ctx, inputs, output) -> None:
+    ctx.planes, ctx.seq_dim = inputs[-2], inputs[-1]
+
+
+def _transposed(planes: torch.Tensor) -> torch.Tensor:
+    # a rotation's adjoint is its transpose: the same operator with R^T's planes (pass-through channels: identity)
+    return planes[list(_TRANSPOSED)]
+
+
+def _backward(ctx, grad: torch.Tensor):
+    return torch.ops.ropekit.geope_interleaved(grad.contiguous(), _transposed(ctx.planes), ctx.seq_dim), None, None
+
+
+def _backward_qk(ctx, gq: torch.Tensor, gk: torch.Tensor):
+    gq, gk = torch.ops.ropekit.geope_interleaved_qk(gq.contiguous(), gk.contiguous(), _transposed(ctx.planes),
+                                                    ctx.seq_dim)
+    return gq, gk, None, None
+
+
+_geope_interleaved.register_autograd(_backward, setup_context=_setup_backward)
+_geope_interleaved_qk.register_autograd(_backward_qk, setup_context=_setup_backward)
+
+
+def _covers(planes: torch.Tensor, x: torch.Tensor, seq_dim: int) -> bool:
+    """The planes broadcast against x's triples without growing x (a per-sample rotation of batch 1 or x's)."""
+    rows = x.shape[:-1] + (planes.shape[-1],)
+    return torch.broadcast_shapes(rows, _broadcast(planes[0], 0, seq_dim, x.ndim).shape) == rows
+
+
+def _use_interleaved_kernel(x: torch.Tensor, planes: torch.Tensor | None) -> bool:
+    """Whether a call takes :func:`_geope_interleaved`: CPU float32/bfloat16/float16 ``x`` whose rotation's
+    float32 planes cover x's shape, under torch.compile, or eagerly for large calls without gradients whose
+    kernel is at hand (built here)."""
+    if planes is None or planes.dtype != torch.float32 or not _cpu_kernel.geope_supports(x):
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    from .fused import _plain  # not a forward-mode dual nor a torch.func wrapper: the operator has no rules for them
+
+    return (x.numel() >= _KERNEL_MIN_ELEMS and not (torch.is_grad_enabled() and x.requires_grad) and _plain(x)
+            and not torch.jit.is_tracing() and _interleaved_kernel(x) is not None)
+
+
+def _kernel_planes(x: torch.Tensor, rotation: GeoPERotation, seq_dim: int) -> torch.Tensor | None:
+    """The float32 weight planes to hand to the interleaved operator for validated ``x``, or None where the
+    call takes another path (a rotation or, outside torch.compile, an ``x`` that needs a gradient; not CPU;
+    float64; a rotation that grows x; eagerly, a small call or no kernel)."""
+    if torch.is_grad_enabled():
+        if any(t.requires_grad for t in (rotation.vector, rotation.cos, rotation.sinc, rotation.versc)):
+            return None
+        if x.requires_grad and not torch.compiler.is_compiling():
+            return None
+    if x.device.type != "cpu" or x.dtype == torch.float64:
+        return None
+    planes = rotation.planes if rotation.planes is not None and rotation.planes.dtype == torch.float32 else None
+    if planes is None and torch.compiler.is_compiling():
+        planes = _weight_planes(rotation, torch.float32, x.device)  # traced: one transpose per call
+    if _use_interleaved_kernel(x, planes) and _covers(planes, x, seq_dim):
+        return planes
+    return None
+
+
 def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
                 channels: str | None = None) -> torch.Tensor:
     """Rotate every channel triple of ``x`` by its token's GeoPE rotation (GeoPE eqs. 2-4).
 
     ``rotation`` comes from :func:`ropekit.rotations.geope.geope_rotation` with coordinates ``(L, A)``
     (shared by the batch) or ``(B, L, A)``. Channels beyond ``3n`` pass through. Without gradients the
-    blocked eager path runs (see the module docstring); with gradients or when the rotation's batch
-    broadcasts ``x`` to a larger shape, the functional one; under ``torch.compile`` the per-channel form
-    written for tracing (or the functional one when the rotation itself needs a gradient).
+    blocked eager path runs (see the module docstring; large interleaved calls on CPU take the compiled
+    kernel, same bits); with gradients or when the rotation's batch broadcasts ``x`` to a larger shape, the
+    functional one; under ``torch.compile`` the compiled CPU kernel (interleaved layout on CPU; with its own
+    backward) or the per-channel form written for tracing (or the functional one when the rotation itself
+    needs a gradient).
 
     ``channels``: ``"interleaved"`` (triple i = channels 3i, 3i+1, 3i+2; the paper's layout) or
-    ``"thirds"`` (triple i = channels i, n+i, 2n+i; faster under ``torch.compile``); ``None`` (default)
+    ``"thirds"`` (triple i = channels i, n+i, 2n+i; vectorises under ``torch.compile`` on any backend, where
+    the interleaved layout takes a compiled CPU kernel on CPU); ``None`` (default)
     takes the layout the rotation was built for (:func:`ropekit.rotations.geope.geope_rotation`
     ``(channels=...)``, ``"interleaved"`` unless said otherwise), which also carries the weights that
     layout reads. Use one layout for q and k.
@@ -337,6 +490,9 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
         if torch.broadcast_shapes(rows, w[0].shape) != rows:
             return _rotate_functional(x, rotation, n, seq_dim, channels)
         return _rotate_thirds_eager(x, w, n, seq_dim)
+    planes = _kernel_planes(x, rotation, seq_dim)
+    if planes is not None:
+        return torch.ops.ropekit.geope_interleaved(x, planes, seq_dim)
     if torch.compiler.is_compiling() or x.device.type != "cpu":
         # in-triple form: fused by a compiler; on accelerators it needs no host sync to confine NaN/inf
         return _rotate_coeff_functional(x, _triple_weights(rotation, _work_dtype(x), x.device), n, seq_dim)
@@ -350,9 +506,29 @@ def apply_geope(x: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2,
 def apply_geope_qk(
     q: torch.Tensor, k: torch.Tensor, rotation: GeoPERotation, *, seq_dim: int = -2, channels: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys with the same GeoPE rotation (and the same ``channels`` layout)."""
+    """Rotate queries and keys with the same GeoPE rotation (and the same ``channels`` layout). Where both take
+    the compiled CPU kernel of the interleaved layout (see :func:`apply_geope`), one call rotates both, reading
+    the rotation's weights once."""
+    if check_channels(rotation.channels if channels is None else channels) == "interleaved":
+        pair = _kernel_pair(q, k, rotation, seq_dim)
+        if pair is not None:
+            return pair
     return (apply_geope(q, rotation, seq_dim=seq_dim, channels=channels),
             apply_geope(k, rotation, seq_dim=seq_dim, channels=channels))
+
+
+def _kernel_pair(q, k, rotation: GeoPERotation, seq_dim: int):
+    """q and k rotated by one call of the interleaved operator, or None where either takes another path."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dtype != k.dtype or q.ndim != k.ndim:
+        return None
+    _, sd = _validate(q, rotation, seq_dim)
+    _validate(k, rotation, seq_dim)
+    if q.ndim == 4 and q.shape[0] != k.shape[0]:
+        return None
+    planes = _kernel_planes(q, rotation, sd)
+    if planes is None or _kernel_planes(k, rotation, sd) is None:
+        return None
+    return torch.ops.ropekit.geope_interleaved_qk(q, k, planes, sd)
 
 
 class GeoPE:
@@ -361,7 +537,7 @@ class GeoPE:
     ``coords`` is a tensor ``(L, A)``/``(B, L, A)`` with A = 1, 2 (h, w) or 3 (d, h, w), or a Layout /
     layout string placed by ``design`` (default ``"rope2d"``: (row, col) of each grid, text on the
     diagonal; ``"compact"`` gives (t, h, w) for videos). ``channels`` is the triple layout of
-    :func:`apply_geope` (``"interleaved"``, the paper's, or ``"thirds"``, faster compiled). Not exactly relative (GeoPE §3.4); see
+    :func:`apply_geope` (``"interleaved"``, the paper's, or ``"thirds"``, the same rotation on permuted channels). Not exactly relative (GeoPE §3.4); see
     :func:`ropekit.linear_geope_attention` for the variant that is.
     """
 

@@ -81,7 +81,8 @@ class GeoPERotation(NamedTuple):
     ``triples`` (optional, no gradient) holds the same nine nonzero weights per triple packed together,
     ``(..., L, n, 9)`` from :func:`triple_weights`; the compiled and accelerator paths use it when present.
     ``planes`` (optional, no gradient) holds those nine weights component-major, ``(9, ..., L, n)``: weight
-    ``t`` of every triple as one contiguous plane, which the ``channels="thirds"`` layout reads.
+    ``t`` of every triple as one contiguous plane, which the ``channels="thirds"`` layout reads, and the
+    compiled CPU kernel of the interleaved layout.
     ``channels`` is the channel layout the rotation was built for, which :func:`ropekit.apply_geope`
     applies unless told otherwise.
     """
@@ -254,8 +255,9 @@ def geope_rotation(
 
     Returns a :class:`GeoPERotation` with ``n = ⌊head_dim/3⌋`` triples, computed in float32 (float64 for
     float64 coords). ``freqs`` overrides :func:`geope_frequencies` (shape ``(n',)`` with ``3n' <= head_dim``).
-    ``channels`` picks which apply-time weights are precomputed: the per-channel ``coeffs`` and packed
-    ``triples`` for ``"interleaved"``, the component-major ``planes`` for ``"thirds"``, and is recorded in
+    ``channels`` picks which apply-time weights are precomputed: the per-channel ``coeffs``, packed
+    ``triples`` and component-major ``planes`` for ``"interleaved"`` (``planes`` for its compiled CPU kernel,
+    which reads them in place), the ``planes`` for ``"thirds"``, and is recorded in
     the rotation, so that :func:`ropekit.apply_geope` applies that layout by default (the rotation itself
     is the same; applying it with the other layout computes the missing weights on the fly).
     Note: GeoPE is not exactly relative (see the module docstring).
@@ -286,4 +288,4 @@ def geope_rotation(
         triples = triple_weights(coeffs)
     if channels == "thirds":
         return GeoPERotation(vec, cos, sinc, versc, planes=triples.movedim(-1, 0).contiguous(), channels="thirds")
-    return GeoPERotation(vec, cos, sinc, versc, coeffs, triples)
+    return GeoPERotation(vec, cos, sinc, versc, coeffs, triples, triples.movedim(-1, 0).contiguous())
