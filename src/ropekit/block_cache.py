@@ -29,7 +29,7 @@ import torch
 
 from .designs.registry import BlockTable, unpack_placed
 
-__all__ = ["MAX_BYTES", "clear", "place", "Placement"]
+__all__ = ["MAX_BYTES", "clear", "place", "place_columns", "columns", "Placement"]
 
 #: Most bytes all arenas together may hold (tables and per-block rows); 0 turns the cache off. The ~2.5k
 #: benchmark batch (265 distinct blocks, ~40k block tokens) needs about 0.5 MiB per design with 3 axes.
@@ -38,7 +38,6 @@ MAX_BYTES = 32 * 2**20
 _LOCK = threading.RLock()
 _ARENAS: "OrderedDict[tuple, _Arena]" = OrderedDict()  # least recently used first
 _EXACT32 = 2**24  # float32 holds every whole number of magnitude up to here
-_FITS = 2**20  # t, h and w below this pack into one int64 key
 
 
 def clear() -> None:
@@ -76,7 +75,7 @@ class _Arena:
 
     def __init__(self, axes: int, absolute, gap, pad: int, text: int) -> None:
         self.axes, self.absolute, self.gap = axes, absolute, gap
-        self.slots: dict = {}
+        self.slots: dict = {}  # Δt -> packed sizes -> slot
         self.count = 0
         self.first = np.empty(64, dtype=np.int64)
         self.advance = np.empty((64, axes))
@@ -108,8 +107,9 @@ class _Arena:
         self.table, self.zeros, self.diag_len, self.used = table, zeros, diag_len, self.used + base - old_base
 
     def add(self, keys: list, offsets: np.ndarray, tokens: np.ndarray, advance: np.ndarray) -> None:
-        """Append blocks: their keys, offsets ``(A, Σ n)`` float64, token counts and advances ``(S, A)``."""
-        n, count = offsets.shape[1], len(keys)
+        """Append blocks: their keys ``[(Δt, [packed sizes])]``, offsets ``(A, Σ n)`` float64, token counts and
+        advances ``(S, A)``."""
+        n, count = offsets.shape[1], tokens.shape[0]
         if not count:
             return
         first = np.zeros(count, dtype=np.int64)
@@ -136,7 +136,10 @@ class _Arena:
         rows = slice(self.count, self.count + count)
         self.first[rows] = first + self.used
         self.advance[rows], self.top[rows], self.absmax[rows] = advance, top, absmax
-        self.slots.update(zip(keys, range(self.count, self.count + count)))
+        slot = self.count
+        for iv, ks in keys:  # [(Δt, [packed sizes])], in block order
+            self.slots.setdefault(iv, {}).update(zip(ks, range(slot, slot + len(ks))))
+            slot += len(ks)
         self.count += count
         self.used += n
 
@@ -176,6 +179,23 @@ def _run_rule(rule, options: dict, isv, t, h, w, iv):
     return off, (t * h * w), advance, absolute, gap
 
 
+#: Packed block keys: ``level << 47 | is video << 46 | t << 32 | h << 16 | w``, ``level`` the index of the
+#: block's Δt among the call's distinct intervals (sorted). Blocks whose sizes do not fit are not kept.
+LEVEL_SHIFT, MAX_T, MAX_HW, MAX_LEVELS = 47, 2**14, 2**16, 2**16
+
+
+def columns(keys: np.ndarray, levels: np.ndarray) -> tuple:
+    """``(is video, t, h, w, Δt)`` of packed keys (int64, and float64 for Δt)."""
+    return ((keys >> 46) & 1, (keys >> 32) & (MAX_T - 1), (keys >> 16) & (MAX_HW - 1), keys & (MAX_HW - 1),
+            levels[keys >> LEVEL_SHIFT])
+
+
+def place_columns(rule, options: dict, isv, t, h, w, iv, pad: int, text: int) -> Placement:
+    """The blocks ``(is video, t, h, w, Δt)`` placed for this call only (blocks that cannot be keyed)."""
+    count = t.shape[0]
+    return _fresh(rule, options, [], (isv, t, h, w, iv), pad, text).placement(np.arange(count))
+
+
 def _fresh(rule, options: dict, keys: list, blocks: tuple, pad: int, text: int) -> _Arena:
     off, tokens, advance, absolute, gap = _run_rule(rule, options, *blocks)
     arena = _Arena(advance.shape[1], absolute, gap, pad, text)
@@ -183,36 +203,39 @@ def _fresh(rule, options: dict, keys: list, blocks: tuple, pad: int, text: int) 
     return arena
 
 
-def place(rule, options: dict, isv: np.ndarray, t: np.ndarray, h: np.ndarray, w: np.ndarray, iv: np.ndarray,
-          pad: int, text: int) -> Placement:
-    """The distinct blocks ``(is video, t, h, w, Δt)`` (numpy columns, t, h, w >= 1) placed by ``rule`` under
-    ``options``, in a table with at least ``pad`` zero rows and ``text`` diagonal rows; the rule runs only
-    on the blocks not kept from earlier calls."""
+def place(rule, options: dict, keys: np.ndarray, levels: np.ndarray, pad: int, text: int) -> Placement:
+    """The distinct blocks of a call, given as sorted packed keys (see :data:`LEVEL_SHIFT`) and the sorted
+    distinct intervals their levels index, placed by ``rule`` under ``options`` in a table with at least ``pad``
+    zero rows and ``text`` diagonal rows; the rule runs only on the blocks not kept from earlier calls."""
     if MAX_BYTES <= 0 and _ARENAS:  # turned off: let go of what was kept
         clear()
     key = _key(rule, options) if MAX_BYTES > 0 else None
-    count = t.shape[0]
-    if key is not None and count and max(int(t.max()), int(h.max()), int(w.max())) >= _FITS:
-        key = None
+    count = keys.shape[0]
     if key is None:  # nothing kept: one arena for this call only
-        return _fresh(rule, options, list(range(count)), (isv, t, h, w, iv), pad, text).placement(np.arange(count))
-    packed = (isv << 60) | (t << 40) | (h << 20) | w
-    keys = list(zip(iv.tolist(), packed.tolist()))
+        return place_columns(rule, options, *columns(keys, levels), pad, text)
+    # kept blocks are keyed by (Δt, packed sizes): the level of a key is this call's own numbering
+    packed = (keys & (2**LEVEL_SHIFT - 1)).tolist()
+    bounds = [0, *np.searchsorted(keys, np.arange(1, levels.shape[0]) << LEVEL_SHIFT).tolist(), count]
+    names = [(iv, packed[bounds[i]: bounds[i + 1]]) for i, iv in enumerate(levels.tolist())]
     with _LOCK:
         arena = _ARENAS.get(key)
         if arena is None:
-            arena = _fresh(rule, options, keys, (isv, t, h, w, iv), pad, text)
+            arena = _fresh(rule, options, names, columns(keys, levels), pad, text)
             slots = np.arange(count)
         else:
             _ARENAS.move_to_end(key)
-            get = arena.slots.get
-            slots = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=count)
+            found = []
+            for iv, ks in names:
+                get = arena.slots.get(iv, {}).get
+                found += [get(k, -1) for k in ks]
+            slots = np.array(found, dtype=np.int64)
             miss = np.flatnonzero(slots < 0)
             arena.make_room(pad, text)
             if miss.shape[0]:
-                off, tokens, advance, _, _ = _run_rule(rule, options, isv[miss], t[miss], h[miss], w[miss], iv[miss])
+                off, tokens, advance, _, _ = _run_rule(rule, options, *columns(keys[miss], levels))
                 slots[miss] = np.arange(arena.count, arena.count + miss.shape[0])
-                arena.add([keys[i] for i in miss.tolist()], off, tokens, advance)
+                ivs = levels[keys[miss] >> LEVEL_SHIFT].tolist()
+                arena.add(_group(ivs, [packed[i] for i in miss.tolist()]), off, tokens, advance)
         _ARENAS[key] = arena
         total = sum(a.nbytes for a in _ARENAS.values())
         while total > MAX_BYTES and len(_ARENAS) > 1:  # the least recently used others go first
@@ -220,8 +243,19 @@ def place(rule, options: dict, isv: np.ndarray, t: np.ndarray, h: np.ndarray, w:
         if total > MAX_BYTES:  # this arena alone is too big: keep only this call's blocks, if they fit
             del _ARENAS[key]
             if arena.count > count:
-                arena = _fresh(rule, options, keys, (isv, t, h, w, iv), pad, text)
+                arena = _fresh(rule, options, names, columns(keys, levels), pad, text)
                 slots = np.arange(count)
                 if arena.nbytes <= MAX_BYTES:
                     _ARENAS[key] = arena
         return arena.placement(slots)
+
+
+def _group(ivs: list, packed: list) -> list:
+    """``[(Δt, [packed keys])]`` of blocks listed one by one (in order, so slots follow them)."""
+    out: list = []
+    for iv, k in zip(ivs, packed):
+        if out and out[-1][0] == iv:
+            out[-1][1].append(k)
+        else:
+            out.append((iv, [k]))
+    return out

@@ -456,21 +456,24 @@ def _runs(types: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[tuple[np.n
         m = mask.contiguous().numpy()
         change[:, 1:] |= np.not_equal(m[:, 1:], m[:, :-1])
     start = np.flatnonzero(change)
-    run_len = np.diff(start, append=batch * length)
+    run_len = np.empty_like(start)
+    np.subtract(start[1:], start[:-1], out=run_len[:-1])
+    run_len[-1] = batch * length - start[-1]
     kind = t.reshape(-1)[start]
-    if kind.min() < TEXT or kind.max() > VIDEO:
+    if int(kind.view(np.uint64).max()) > VIDEO:  # read as unsigned, a negative value is larger than any valid one
         raise ValueError(
             f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
             f"got {sorted(set(kind.tolist()))}"
         )
     if mask is not None:
         value = m.reshape(-1)[start]
-        if bad_mask or (m.dtype != np.bool_ and bool(((value != 0) & (value != 1)).any())):
+        if bad_mask or (m.dtype != np.bool_ and int(value.view(np.dtype(f"u{m.itemsize}")).max()) > 1):
             raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
-        kind[value == 0] = _PAD
+        pad = value == 0
+        kind[pad] = _PAD
         # masked tokens of different types are runs of their own: one padding run where they meet
-        merge = (kind[1:] == _PAD) & (kind[:-1] == _PAD) & (start[1:] % length != 0)
-        if merge.any():
+        if np.count_nonzero(pad[1:] & pad[:-1]):
+            merge = pad[1:] & pad[:-1] & (start[1:] % length != 0)
             keep = np.ones(kind.shape[0], dtype=bool)
             keep[1:] = ~merge
             start, kind = start[keep], kind[keep]
@@ -518,16 +521,18 @@ def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float]):
-    """The distinct vision blocks of the batch as numpy columns ``(is video, t, h, w, Δt)`` (int64, and
-    float64 for Δt), and the index of each grid's block (image grids first, then video grids), int64.
+    """The distinct vision blocks of the batch, and the index of each grid's block (image grids first, then
+    video grids), int64.
 
-    A block is ``(t, h, w, Δt)``, or an image ``(h, w)``; an image grid with several frames is a
-    unit-interval video (as transformers treats it). No segment object is built.
+    Blocks come as ``(keys, levels)``: sorted packed keys and the distinct intervals (see
+    :data:`ropekit.block_cache.LEVEL_SHIFT`), or, when a size or the number of intervals does not fit a
+    key, as ``(None, columns)`` with numpy columns ``(is video, t, h, w, Δt)``. A block is ``(t, h, w, Δt)``,
+    or an image ``(h, w)``; an image grid with several frames is a unit-interval video (as transformers
+    treats it). No segment object is built.
     """
     grids = [g.numpy() for g in (images, videos) if g is not None and g.shape[0]]
     if not grids:
-        empty = np.zeros(0, dtype=np.int64)
-        return (empty, empty, empty, empty, empty.astype(np.float64)), empty
+        return (np.zeros(0, dtype=np.int64), np.zeros(0)), np.zeros(0, dtype=np.int64)
     thw = np.concatenate(grids) if len(grids) > 1 else grids[0]
     n_img = 0 if images is None else images.shape[0]
     is_video = np.ones(thw.shape[0], dtype=np.int64)
@@ -536,12 +541,12 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     interval[:n_img] = is_video[:n_img]  # an image: Δt 0; an image grid with frames: a video of Δt 1
     interval[n_img:] = intervals
     levels, level = np.unique(interval, return_inverse=True)
-    if thw.max() < 2**20 and levels.shape[0] <= 4:  # one int64 key per block: (Δt level, is video, t, h, w)
-        key = (((level.reshape(-1) * 2 + is_video) << 60) | (thw[:, 0] << 40) | (thw[:, 1] << 20) | thw[:, 2])
+    t, h, w = thw.T
+    if (t.max() < _block_cache.MAX_T and max(h.max(), w.max()) < _block_cache.MAX_HW
+            and levels.shape[0] <= _block_cache.MAX_LEVELS):  # one int64 key per block
+        key = (level.reshape(-1) << _block_cache.LEVEL_SHIFT) | (is_video << 46) | (t << 32) | (h << 16) | w
         keys, block_of_grid = np.unique(key, return_inverse=True)
-        mask = 2**20 - 1
-        return ((keys >> 60) & 1, (keys >> 40) & mask, (keys >> 20) & mask, keys & mask,
-                levels[keys >> 61]), block_of_grid.reshape(-1)
+        return (keys, levels), block_of_grid.reshape(-1)
     keys = np.column_stack([is_video, thw, interval]).astype(np.float64)  # exact: sizes are checked < 2**52
     # distinct rows: sorted (np.unique(axis=0) does the same, several times slower on a few hundred rows)
     order = np.lexsort(keys.T[::-1])
@@ -552,7 +557,7 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
     block_of_grid[order] = np.cumsum(new) - 1
     sizes = distinct[:, :4].T.astype(np.int64)
-    return (sizes[0], sizes[1], sizes[2], sizes[3], distinct[:, 4].copy()), block_of_grid
+    return (None, (sizes[0], sizes[1], sizes[2], sizes[3], distinct[:, 4].copy())), block_of_grid
 
 
 def _check_finite(bound: float, rule, design_options: dict) -> None:
@@ -634,7 +639,10 @@ def _index_by_rule(
     # in one table of relative coordinates with zero rows for padding and the diagonal for text
     pad_max = int(seg_len[pad_idx].max()) if pad_idx.shape[0] else 0
     text_max = int(seg_len[text_idx].max()) if text_idx.shape[0] else 0
-    placed = _block_cache.place(rule, design_options, *blocks, pad_max, text_max)
+    if blocks[0] is not None:
+        placed = _block_cache.place(rule, design_options, *blocks, pad_max, text_max)
+    else:
+        placed = _block_cache.place_columns(rule, design_options, *blocks[1], pad_max, text_max)
     advance, absolute, gap = placed.advance, placed.absolute, placed.gap
     axes = advance.shape[1]
 
