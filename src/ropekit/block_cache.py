@@ -78,9 +78,7 @@ class _Arena:
         self.slots: dict = {}  # Δt -> packed sizes -> slot
         self.count = 0
         self.first = np.empty(64, dtype=np.int64)
-        self.advance = np.empty((64, axes))
-        self.top = np.empty((64, axes))
-        self.absmax = np.empty(64)
+        self.info = np.empty((64, 2 * axes + 1))  # per block: advance, largest offset per axis, largest |offset|
         self.zeros, self.diag_len = _room(pad), _room(text)
         base = self.zeros + self.diag_len
         self.table = np.empty((axes, base + 1024), dtype=np.float32 if self.diag_len <= _EXACT32 else np.float64)
@@ -90,7 +88,7 @@ class _Arena:
 
     @property
     def nbytes(self) -> int:
-        return self.table.nbytes + self.first.shape[0] * 8 * (2 + 2 * self.axes)
+        return self.table.nbytes + self.first.nbytes + self.info.nbytes
 
     def make_room(self, pad: int, text: int) -> None:
         """Grow the zero and diagonal regions to hold ``pad`` and ``text`` rows (moving the blocks' rows)."""
@@ -128,14 +126,15 @@ class _Arena:
         self.table[:, self.used: self.used + n] = offsets
         if self.count + count > self.first.shape[0]:
             size = max(2 * self.first.shape[0], self.count + count)
-            for name in ("first", "advance", "top", "absmax"):
+            for name in ("first", "info"):
                 old = getattr(self, name)
                 new = np.empty((size,) + old.shape[1:], dtype=old.dtype)
                 new[: self.count] = old[: self.count]
                 setattr(self, name, new)
         rows = slice(self.count, self.count + count)
         self.first[rows] = first + self.used
-        self.advance[rows], self.top[rows], self.absmax[rows] = advance, top, absmax
+        a = self.axes
+        self.info[rows, :a], self.info[rows, a: 2 * a], self.info[rows, 2 * a] = advance, top, absmax
         slot = self.count
         for iv, ks in keys:  # [(Δt, [packed sizes])], in block order
             self.slots.setdefault(iv, {}).update(zip(ks, range(slot, slot + len(ks))))
@@ -144,8 +143,9 @@ class _Arena:
         self.used += n
 
     def placement(self, slots: np.ndarray) -> Placement:
-        absmax = float(self.absmax[slots].max()) if slots.shape[0] else 0.0
-        return Placement(self.table, self.zeros, self.first[slots], self.advance[slots], self.top[slots], absmax,
+        info, a = self.info[slots], self.axes
+        absmax = float(info[:, 2 * a].max()) if slots.shape[0] else 0.0
+        return Placement(self.table, self.zeros, self.first[slots], info[:, :a], info[:, a: 2 * a], absmax,
                          self.absolute, self.gap)
 
 

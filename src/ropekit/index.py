@@ -62,12 +62,12 @@ def _token_grids(grid: Optional[GridLike], name: str, merge: int, limit: int) ->
         return None
     if (isinstance(grid, torch.Tensor) and grid.dtype == torch.int64 and grid.ndim == 2 and grid.shape[1] == 3
             and grid.shape[0] and grid.device.type == "cpu" and merge < 2**20):  # the usual case: int64 (n, 3), in numpy
-        x = grid.detach().numpy()
-        if x.min() >= 1 and x.max() < 2**20:  # no product can wrap
-            q = x[:, 1:] // merge
-            if np.array_equal(q * merge, x[:, 1:]) and int((x[:, 0] * q[:, 0] * q[:, 1]).max()) <= limit:
-                out = np.empty_like(x)
-                out[:, 0], out[:, 1:] = x[:, 0], q
+        x = grid.numpy()  # (an int64 tensor has no grad)
+        top = x.max(axis=0).tolist()
+        if x.min() >= 1 and max(top) < 2**20 and (merge == 1 or not (x[:, 1:] % merge).any()):  # no product wraps
+            out = x // np.array([1, merge, merge])
+            if (top[0] * (top[1] // merge) * (top[2] // merge) <= limit  # a bound on every grid's tokens
+                    or int((out[:, 0] * out[:, 1] * out[:, 2]).max()) <= limit):
                 return torch.from_numpy(out)
     try:
         g = torch.as_tensor(grid)
@@ -188,8 +188,11 @@ def _assign(run_len: np.ndarray, grids: Optional[torch.Tensor], name: str, kind:
         return np.zeros(0, dtype=np.int64)
     if grids is None or grids.shape[0] == 0:
         raise ValueError(f"rope_index: `mm_token_type_ids` holds {kind} tokens but `{name}` is missing; pass the grids")
-    tokens = grids.prod(dim=1).numpy()
+    g = grids.numpy()
+    tokens = g[:, 0] * g[:, 1] * g[:, 2]
     cum_g, cum_r = np.cumsum(tokens), np.cumsum(run_len)
+    if cum_g.shape[0] == cum_r.shape[0] and np.array_equal(cum_g, cum_r):  # one grid per run, the usual case
+        return np.arange(cum_g.shape[0])
     if int(cum_g[-1]) != int(cum_r[-1]):
         raise ValueError(
             f"rope_index: `{name}` describes {int(cum_g[-1])} {kind} tokens (t·h·w / merge² per grid: "
