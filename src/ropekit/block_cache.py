@@ -73,15 +73,15 @@ def _room(n: int) -> int:
 class _Arena:
     """Every block placed under one rule and options; see the module doc."""
 
-    def __init__(self, axes: int, absolute, gap, pad: int, text: int) -> None:
+    def __init__(self, axes: int, absolute, gap, pad: int, text: int, rows: int = 1024, blocks: int = 64) -> None:
         self.axes, self.absolute, self.gap = axes, absolute, gap
         self.slots: dict = {}  # Δt -> packed sizes -> slot
         self.count = 0
-        self.first = np.empty(64, dtype=np.int64)
-        self.info = np.empty((64, 2 * axes + 1))  # per block: advance, largest offset per axis, largest |offset|
+        self.first = np.empty(blocks, dtype=np.int64)
+        self.info = np.empty((blocks, 2 * axes + 1))  # per block: advance, largest offset per axis, largest |offset|
         self.zeros, self.diag_len = _room(pad), _room(text)
         base = self.zeros + self.diag_len
-        self.table = np.empty((axes, base + 1024), dtype=np.float32 if self.diag_len <= _EXACT32 else np.float64)
+        self.table = np.empty((axes, base + rows), dtype=np.float32 if self.diag_len <= _EXACT32 else np.float64)
         self.table[:, : self.zeros] = 0.0
         self.table[:, self.zeros: base] = np.arange(self.diag_len)
         self.used = base
@@ -112,8 +112,9 @@ class _Arena:
             return
         first = np.zeros(count, dtype=np.int64)
         np.cumsum(tokens[:-1], out=first[1:])
-        top = np.maximum.reduceat(offsets, first, axis=1).T
-        absmax = np.maximum.reduceat(np.abs(offsets).max(axis=0), first)
+        top = np.maximum.reduceat(offsets, first, axis=1)  # (A, S); NaN stays NaN
+        absmax = np.maximum(top, -np.minimum.reduceat(offsets, first, axis=1)).max(axis=0)
+        top = top.T
         if self.table.dtype == np.float32 and not (bool((absmax < _EXACT32).all())
                                                    and np.array_equal(offsets, np.rint(offsets))):
             table = np.empty(self.table.shape)  # a value float32 does not hold exactly: float64 from now on
@@ -198,7 +199,7 @@ def place_columns(rule, options: dict, isv, t, h, w, iv, pad: int, text: int) ->
 
 def _fresh(rule, options: dict, keys: list, blocks: tuple, pad: int, text: int) -> _Arena:
     off, tokens, advance, absolute, gap = _run_rule(rule, options, *blocks)
-    arena = _Arena(advance.shape[1], absolute, gap, pad, text)
+    arena = _Arena(advance.shape[1], absolute, gap, pad, text, max(off.shape[1], 1024), max(tokens.shape[0], 64))
     arena.add(keys, off, tokens, advance)
     return arena
 
