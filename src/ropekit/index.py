@@ -312,7 +312,10 @@ def _split_frames(types: torch.Tensor, mask: Optional[torch.Tensor], videos: Opt
         return videos, intervals
     if split is None and runs is not None:
         run_len, kind = runs[1], runs[2]
-        run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(videos.numpy().prod(axis=1))
+        g = videos.numpy()
+        run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(g[:, 0] * g[:, 1] * g[:, 2])
+        if run_end.shape[0] == end.shape[0] and np.array_equal(run_end, end):  # one run per video
+            return videos, intervals
         # runs here also break at masked tokens, so they end at least wherever the runs of valid tokens end
         if run_end.shape[0] and run_end[-1] == end[-1] and np.array_equal(end[np.searchsorted(end, run_end)], run_end):
             return videos, intervals
