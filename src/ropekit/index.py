@@ -546,13 +546,25 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     interval = np.empty(thw.shape[0])
     interval[:n_img] = is_video[:n_img]  # an image: Δt 0; an image grid with frames: a video of Δt 1
     interval[n_img:] = intervals
-    levels, level = np.unique(interval, return_inverse=True)
+    # the distinct intervals, sorted (as np.unique gives them, at a fraction of its cost on a few values)
+    levels = set(intervals)
+    if n_img:
+        framed = int(np.count_nonzero(is_video[:n_img]))
+        levels.update(([0.0] if framed < n_img else []) + ([1.0] if framed else []))
+    levels = np.array(sorted(levels), dtype=np.float64)
     t, h, w = thw.T
     if (t.max() < _block_cache.MAX_T and max(h.max(), w.max()) < _block_cache.MAX_HW
             and levels.shape[0] <= _block_cache.MAX_LEVELS):  # one int64 key per block
-        key = (level.reshape(-1) << _block_cache.LEVEL_SHIFT) | (is_video << 46) | (t << 32) | (h << 16) | w
-        keys, block_of_grid = np.unique(key, return_inverse=True)
-        return (keys, levels), block_of_grid.reshape(-1)
+        level = np.searchsorted(levels, interval)
+        key = (level << _block_cache.LEVEL_SHIFT) | (is_video << 46) | (t << 32) | (h << 16) | w
+        order = np.argsort(key)
+        ordered = key[order]
+        new = np.empty(ordered.shape[0], dtype=bool)
+        new[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+        block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
+        block_of_grid[order] = np.cumsum(new) - 1
+        return (ordered[new], levels), block_of_grid
     keys = np.column_stack([is_video, thw, interval]).astype(np.float64)  # exact: sizes are checked < 2**52
     # distinct rows: sorted (np.unique(axis=0) does the same, several times slower on a few hundred rows)
     order = np.lexsort(keys.T[::-1])
