@@ -803,3 +803,133 @@ def test_masks_and_grids_of_any_real_dtype_give_the_int64_result():
         got = rope_index(**{**inputs, "image_grid_thw": inputs["image_grid_thw"].to(dt),
                             "video_grid_thw": inputs["video_grid_thw"].to(dt)})
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), dt
+
+
+# ---------------------------------------------------------------------------------------------------
+# Blocks kept across calls (ropekit.block_cache): a kept block is only ever handed to the same rule and options
+
+from ropekit import block_cache  # noqa: E402
+
+
+def _per_layout(monkeypatch, design, kw):
+    """rope_index of the same inputs through the per-layout path (no rule, so nothing kept)."""
+    no_rule = registry.Design(**{**registry.get_design(design).__dict__, "block_rule": None})
+    with monkeypatch.context() as m:
+        m.setitem(registry._REGISTRY, registry.get_design(design).name, no_rule)
+        return rope_index(**kw)
+
+
+# options that change the placement of the same blocks, interleaved so that every call finds blocks kept by another
+OPTION_SEQUENCES = [
+    ("mrope", [{}, {"continuation": "spatial"}, {"continuation": "max"}, {}]),
+    ("circle", [{}, {"alpha": 0.3}, {"radius": 10}, {"radius": 10.0}, {"radius": "auto", "k": 1.2}, {"delta": 0.5},
+                {"text_vector": [1.0, 2.0, 0.5]}, {"text_vector": (1.0, 2.0, 0.5)}, {"dff_rate": True}, {"dff_rate": 1},
+                {"dff_rate": 0.5}, {"measure": "max_abs"}, {}]),
+    ("hope", [{"temporal_scale": 1}, {"temporal_scale": 1.5}, {"temporal_scale": 1.0}, {"temporal_scale": 0.5}]),
+    ("videorope", [{}, {"temporal_stride": 0.7}, {"temporal_stride": 2}, {}]),
+    ("vrope", [{}, {"order": "paper"}, {"spatial_dims": 2}, {}]),
+    ("mmrope", [{}, {"position_scale": (1.0, 0.5, 1.5)}, {"position_scale": [1.0, 0.5, 2.0]},
+                {"position_scale": torch.tensor([1.0, 2.0, 1.0])}, {}]),
+    ("v2pe", [{}, {"increment": 0.5}, {"visual_stride": 2.5}, {"visual_stride": 3}, {}]),
+    ("mhrope", [{}, {"spatial_reset": False}, {}]),
+]
+
+
+@pytest.mark.parametrize("design,sequence", OPTION_SEQUENCES)
+def test_kept_blocks_never_reach_a_call_with_other_options(monkeypatch, design, sequence):
+    """The same batches under options that differ (in value, or only in type: 10 and 10.0, True and 1, a list
+    and a tuple), one call after another: every result equals the per-layout path, which keeps nothing."""
+    block_cache.clear()
+    batches = [big_random_batch(900 + seed, pad=("right", "left")[seed % 2], seconds=(0.35, 1.0, 2.0)) for seed in range(2)]
+    for _ in range(2):  # the second round finds every block kept
+        for opts in sequence:
+            for inputs, spg in batches:
+                kw = dict(inputs, design=design, tokens_per_second=2, **opts)
+                if spg.numel():
+                    kw["second_per_grid_ts"] = spg
+                got, want = rope_index(**kw), _per_layout(monkeypatch, design, kw)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (design, opts)
+
+
+def test_kept_blocks_grow_with_longer_text_and_padding_and_stay_within_their_budget(monkeypatch):
+    """Batches of growing length and new block shapes, a small budget that forces evictions and rebuilds,
+    and no cache at all: results equal the per-layout path throughout, and the kept bytes stay in budget."""
+    block_cache.clear()
+    for budget in (block_cache.MAX_BYTES, 40_000, 0):
+        monkeypatch.setattr(block_cache, "MAX_BYTES", budget)
+        for seed in range(6):
+            inputs, _ = big_random_batch(950 + seed, batch=3 + seed)
+            types, mask = inputs["mm_token_type_ids"], inputs["attention_mask"]
+            extra = 300 * seed  # long text and long padding: the zero and diagonal rows grow
+            inputs["mm_token_type_ids"] = torch.cat([types, torch.zeros(types.shape[0], extra, dtype=torch.long)], 1)
+            inputs["attention_mask"] = torch.cat([mask, torch.zeros_like(inputs["mm_token_type_ids"][:, :extra])], 1)
+            inputs["attention_mask"][0, -extra:] = 1  # sample 0: the text runs on
+            for design in ("mrope", "circle", "vrope", "vanilla"):
+                kw = dict(inputs, design=design)
+                got, want = rope_index(**kw), _per_layout(monkeypatch, design, kw)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (budget, seed, design)
+                kept = sum(a.nbytes for a in block_cache._ARENAS.values())
+                assert kept <= budget and (budget or not block_cache._ARENAS)
+
+
+def test_kept_blocks_belong_to_one_rule(monkeypatch):
+    """Two designs of different rules never share blocks, even under one name: a design registered anew with
+    another rule (as a test or a user may) gets its own placement."""
+    types, ig = torch.tensor([[0, 1, 1, 1, 1, 0]]), [[1, 4, 4]]
+    want_mrope = rope_index(None, types, ig, design="mrope")[0]
+    rule = registry.get_design("mrope").block_rule
+    shifted = lambda segments: tuple(x + 1.0 for x in rule(segments))  # noqa: E731
+    other = registry.Design(**{**registry.get_design("mrope").__dict__, "block_rule": shifted})
+    with monkeypatch.context() as m:
+        m.setitem(registry._REGISTRY, "mrope", other)
+        got = rope_index(None, types, ig, design="mrope")[0]
+    assert torch.equal(got[:, 0, 1:5], want_mrope[:, 0, 1:5] + 1) and torch.equal(got[:, 0, 5], want_mrope[:, 0, 5] + 1)
+    assert torch.equal(rope_index(None, types, ig, design="mrope")[0], want_mrope)
+
+
+def test_kept_blocks_are_safe_to_share_between_threads(monkeypatch):
+    import concurrent.futures
+
+    block_cache.clear()
+    jobs = [(design, opts, 970 + seed) for design, opts in [("mrope", {}), ("circle", {"alpha": 0.3}), ("circle", {}),
+                                                            ("hope", {"temporal_scale": 1.5})] for seed in range(3)]
+    want = [_per_layout(monkeypatch, d, dict(big_random_batch(s)[0], design=d, **o)) for d, o, s in jobs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda j: rope_index(**big_random_batch(j[2])[0], design=j[0], **j[1]), jobs * 3))
+    for g, w in zip(got, want * 3):
+        assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
+
+
+def test_what_padding_holds_does_not_matter():
+    """Token types under the padding (any valid type) give the positions of zeros there, left or right."""
+    for pad in ("left", "right"):
+        inputs, _ = big_random_batch(990, pad=pad)
+        noisy = dict(inputs)
+        types, mask = inputs["mm_token_type_ids"].clone(), inputs["attention_mask"].bool()
+        types[~mask] = torch.randint(0, 3, (int((~mask).sum()),), generator=torch.Generator().manual_seed(0))
+        noisy["mm_token_type_ids"] = types
+        for design in ("mrope", "circle"):
+            got, want = rope_index(**noisy, design=design), rope_index(**inputs, design=design)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_kept_blocks_grow_past_their_first_rows(monkeypatch):
+    """Batch after batch of new image shapes (more blocks and rows than an arena starts with), then a block too
+    tall to be keyed: every result equals the per-layout path."""
+    block_cache.clear()
+    shapes = [(a, b) for a in range(1, 13) for b in range(1, 13)]
+    for first in range(0, len(shapes), 36):
+        rows, grids = [], []
+        for a, b in shapes[first: first + 36]:
+            rows.append([0] * (a % 3 + 1) + [1] * (a * b) + [0] * (b % 2 + 1))
+            grids.append([1, 2 * a, 2 * b])
+        inputs = padded(rows, grids, [], "right", 1)
+        for design in ("mrope", "circle"):
+            kw = dict(inputs, design=design)
+            got, want = rope_index(**kw), _per_layout(monkeypatch, design, kw)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (first, design)
+    assert block_cache._ARENAS and max(a.count for a in block_cache._ARENAS.values()) == len(shapes)
+    types = torch.tensor([[0] + [1] * 2**20 + [0]])
+    kw = dict(input_ids=None, mm_token_type_ids=types, image_grid_thw=[[1, 2**20, 1]], spatial_merge_size=1)
+    got, want = rope_index(**kw), _per_layout(monkeypatch, "mrope", dict(kw, design="mrope"))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -18,10 +18,10 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from . import block_cache as _block_cache
 from . import layout as _layout
 from .designs import positions
-from .designs.registry import (BlockTable, check_options, describe_options, get_design, num_axes as design_axes,
-                               unpack_placed)
+from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
 from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
@@ -60,6 +60,15 @@ def _token_grids(grid: Optional[GridLike], name: str, merge: int, limit: int) ->
     """
     if grid is None:
         return None
+    if (isinstance(grid, torch.Tensor) and grid.dtype == torch.int64 and grid.ndim == 2 and grid.shape[1] == 3
+            and grid.shape[0] and grid.device.type == "cpu" and merge < 2**20):  # the usual case: int64 (n, 3), in numpy
+        x = grid.numpy()  # (an int64 tensor has no grad)
+        top = x.max(axis=0).tolist()
+        if x.min() >= 1 and max(top) < 2**20 and (merge == 1 or not (x[:, 1:] % merge).any()):  # no product wraps
+            out = x // np.array([1, merge, merge])
+            if (top[0] * (top[1] // merge) * (top[2] // merge) <= limit  # a bound on every grid's tokens
+                    or int((out[:, 0] * out[:, 1] * out[:, 2]).max()) <= limit):
+                return torch.from_numpy(out)
     try:
         g = torch.as_tensor(grid)
     except (TypeError, ValueError, RuntimeError, OverflowError):
@@ -121,7 +130,7 @@ def _intervals(num_videos: int, second_per_grid_ts, tokens_per_second) -> list[f
             raise ValueError(f"rope_index: `tokens_per_second` must be a finite number > 0, got {tokens_per_second!r}")
     if second_per_grid_ts is None:
         out = [float(tokens_per_second) if tokens_per_second is not None else 1.0] * num_videos
-        _check_intervals(out, None, tokens_per_second)
+        _check_intervals(out[:1], None, tokens_per_second)  # one value for every video
         return out
     if tokens_per_second is None:
         raise ValueError(
@@ -179,8 +188,11 @@ def _assign(run_len: np.ndarray, grids: Optional[torch.Tensor], name: str, kind:
         return np.zeros(0, dtype=np.int64)
     if grids is None or grids.shape[0] == 0:
         raise ValueError(f"rope_index: `mm_token_type_ids` holds {kind} tokens but `{name}` is missing; pass the grids")
-    tokens = grids.prod(dim=1).numpy()
+    g = grids.numpy()
+    tokens = g[:, 0] * g[:, 1] * g[:, 2]
     cum_g, cum_r = np.cumsum(tokens), np.cumsum(run_len)
+    if cum_g.shape[0] == cum_r.shape[0] and np.array_equal(cum_g, cum_r):  # one grid per run, the usual case
+        return np.arange(cum_g.shape[0])
     if int(cum_g[-1]) != int(cum_r[-1]):
         raise ValueError(
             f"rope_index: `{name}` describes {int(cum_g[-1])} {kind} tokens (t·h·w / merge² per grid: "
@@ -254,38 +266,15 @@ def rope_index(
     if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
         raise ValueError(f"rope_index: `spatial_merge_size` must be an int >= 1, got {spatial_merge_size!r}")
     types = types.to("cpu", torch.int64).contiguous()  # any strides in, one layout for the run encoding
-    # checks and small passes over the batch in numpy (a third of torch's per-call cost at these sizes)
-    # one pass: read as unsigned, a negative value is larger than any valid one
-    if types.numel() and int(types.numpy().view(np.uint64).max()) > VIDEO:
-        raise ValueError(
-            f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
-            f"got {sorted(set(types.unique().tolist()))}; give audio tokens as text (0): every design places audio "
-            f"as a text run (Layout.token_types' audio code 4 is not a Hugging Face token type)"
-        )
-    if attention_mask is None:
-        valid = torch.ones(shape, dtype=torch.bool)
-    else:
-        mask = _check_2d(attention_mask, "attention_mask", shape).cpu()
-        if mask.dtype == torch.bool:
-            bad = False
-        elif mask.is_floating_point() or not mask.numel():
-            bad = bool(((mask != 0) & (mask != 1)).any())
-        else:  # integers: one pass, read as unsigned (a negative value is larger than 1)
-            m = mask.numpy()
-            bad = int(m.view(np.dtype(f"u{m.itemsize}")).max()) > 1
-        if bad:
-            raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
-        if mask.dtype == torch.bool or mask.is_floating_point():  # (bfloat16 has no numpy form)
-            valid = mask.bool().contiguous()
-        else:
-            valid = torch.from_numpy(mask.numpy().astype(bool))
+    mask = None if attention_mask is None else _check_2d(attention_mask, "attention_mask", shape).cpu()
+    # the runs (one run-length encoding for everything below) also check every token type and mask value
+    runs, mask = _runs(types, mask) if types.numel() else (None, mask)
     if not isinstance(per_axis_deltas, bool):
         raise TypeError(f"rope_index: `per_axis_deltas` must be True or False, got {per_axis_deltas!r}")
     images = _token_grids(image_grid_thw, "image_grid_thw", spatial_merge_size, types.numel())
     videos = _token_grids(video_grid_thw, "video_grid_thw", spatial_merge_size, types.numel())
     intervals = _intervals(0 if videos is None else videos.shape[0], second_per_grid_ts, tokens_per_second)
-    runs = _runs(types, valid) if types.numel() else None  # one run-length encoding for everything below
-    videos, intervals = _split_frames(types, valid, videos, intervals, split_video_frames, runs)
+    videos, intervals = _split_frames(types, mask, videos, intervals, split_video_frames, runs)
     _check_dtype(dtype)
 
     d = get_design(design)
@@ -295,9 +284,10 @@ def rope_index(
     if axes is not None:
         _check_coordinates(axes, shape[0], shape[1], f"rope_index: design {d.name!r}")
     if rule is not None and types.numel():
-        pos, delta = _index_by_rule(types, valid, images, videos, intervals, rule, design_options, per_axis_deltas,
+        pos, delta = _index_by_rule(types, mask, images, videos, intervals, rule, design_options, per_axis_deltas,
                                     d.delta_axes, runs)
     else:
+        valid = _valid(mask, shape)
         pos, delta = _index_per_layout(types, valid, images, videos, intervals, design, design_options, per_axis_deltas)
     axes = d.delta_axes
     if rule is None and axes is not None and not per_axis_deltas:  # text continues after the max of these axes only
@@ -309,7 +299,7 @@ def rope_index(
     return pos.to(device), delta.to(device)
 
 
-def _split_frames(types: torch.Tensor, valid: torch.Tensor, videos: Optional[torch.Tensor], intervals: list[float],
+def _split_frames(types: torch.Tensor, mask: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float],
                   split: Optional[bool], runs: Optional[tuple] = None) -> tuple[Optional[torch.Tensor], list[float]]:
     """Video grids ``[t, h, w]`` split into ``t`` frames ``[1, h, w]`` (intervals repeated) where ``split`` says:
     always (True), never (False), or (None) for the videos whose token runs break inside them.
@@ -322,12 +312,16 @@ def _split_frames(types: torch.Tensor, valid: torch.Tensor, videos: Optional[tor
         return videos, intervals
     if split is None and runs is not None:
         run_len, kind = runs[1], runs[2]
-        run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(videos.numpy().prod(axis=1))
+        g = videos.numpy()
+        run_end, end = np.cumsum(run_len[kind == VIDEO]), np.cumsum(g[:, 0] * g[:, 1] * g[:, 2])
+        if run_end.shape[0] == end.shape[0] and np.array_equal(run_end, end):  # one run per video
+            return videos, intervals
         # runs here also break at masked tokens, so they end at least wherever the runs of valid tokens end
         if run_end.shape[0] and run_end[-1] == end[-1] and np.array_equal(end[np.searchsorted(end, run_end)], run_end):
             return videos, intervals
     cut = videos[:, 0] > 1
     if split is None:  # a run of video tokens ends strictly inside the video: its frames are separate blocks
+        valid = _valid(mask, tuple(types.shape))
         sample = torch.arange(types.shape[0]).repeat_interleave(valid.sum(dim=1))
         keys, run_len = torch.unique_consecutive(sample * 3 + types[valid], return_counts=True)
         run_end = run_len[keys % 3 == VIDEO].cumsum(0)
@@ -445,20 +439,62 @@ _ONE_TEXT = Layout([Text(1)])
 _PAD = -1  # kind of a padding run (attention mask 0), next to TEXT/IMAGE/VIDEO
 
 
-def _runs(types: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run-length encode each row of (B, L) token types, padding being its own kind: flat start, length
-    and kind of every run (numpy int64). Works on one-byte codes: the batch can be millions of tokens.
-    In numpy, whose element-wise passes and ``flatnonzero`` cost a third of torch's at these sizes."""
+def _runs(types: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[tuple[np.ndarray, ...], Optional[torch.Tensor]]:
+    """Run-length encode each row of (B, L) int64 token types, padding being its own kind (``_PAD``): flat
+    start, length and kind of every run (numpy int64), and the mask as it may be read again (a float mask
+    as bool).
+
+    The runs break wherever the type or the mask value changes, so each run holds one value of each and
+    its first token checks them for all its tokens: the token types and the mask are validated here, with
+    no pass of their own. In numpy, whose element-wise passes and ``flatnonzero`` cost a third of torch's
+    at these sizes.
+    """
     batch, length = types.shape
-    code = types.numpy().astype(np.int8)
-    code += 1
-    code *= valid.numpy()  # padding 0, text 1, image 2, video 3
+    t = types.numpy()
     change = np.empty((batch, length), dtype=bool)
     change[:, 0] = True
-    np.not_equal(code[:, 1:], code[:, :-1], out=change[:, 1:])
+    np.not_equal(t[:, 1:], t[:, :-1], out=change[:, 1:])
+    bad_mask = False
+    if mask is not None:
+        if mask.is_floating_point():  # (bfloat16 has no numpy form)
+            bad_mask = bool(((mask != 0) & (mask != 1)).any())
+            mask = mask.bool()
+        m = mask.contiguous().numpy()
+        change[:, 1:] |= np.not_equal(m[:, 1:], m[:, :-1])
     start = np.flatnonzero(change)
-    run_len = np.diff(start, append=batch * length)
-    return start, run_len, code.reshape(-1)[start].astype(np.int64) - 1
+    run_len = np.empty_like(start)
+    np.subtract(start[1:], start[:-1], out=run_len[:-1])
+    run_len[-1] = batch * length - start[-1]
+    kind = t.reshape(-1)[start]
+    if int(kind.view(np.uint64).max()) > VIDEO:  # read as unsigned, a negative value is larger than any valid one
+        raise ValueError(
+            f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
+            f"got {sorted(set(kind.tolist()))}; give audio tokens as text (0): every design places audio as a text "
+            f"run (Layout.token_types' audio code 4 is not a Hugging Face token type)"
+        )
+    if mask is not None:
+        value = m.reshape(-1)[start]
+        if bad_mask or (m.dtype != np.bool_ and int(value.view(np.dtype(f"u{m.itemsize}")).max()) > 1):
+            raise ValueError("rope_index: `attention_mask` must hold only 0 (padding) and 1 (token)")
+        pad = value == 0
+        kind[pad] = _PAD
+        # masked tokens of different types are runs of their own: one padding run where they meet
+        if np.count_nonzero(pad[1:] & pad[:-1]):
+            merge = pad[1:] & pad[:-1] & (start[1:] % length != 0)
+            keep = np.ones(kind.shape[0], dtype=bool)
+            keep[1:] = ~merge
+            start, kind = start[keep], kind[keep]
+            run_len = np.diff(start, append=batch * length)
+    return (start, run_len, kind), mask
+
+
+def _valid(mask: Optional[torch.Tensor], shape: tuple) -> torch.Tensor:
+    """The (B, L) bool mask of valid tokens from a mask checked by :func:`_runs` (or None: all valid)."""
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool)
+    if mask.dtype == torch.bool or mask.is_floating_point():
+        return mask.bool().contiguous()
+    return torch.from_numpy(mask.contiguous().numpy() != 0)
 
 
 def _abs_max(x: torch.Tensor) -> float:
@@ -492,32 +528,44 @@ def _repack(valid: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tensor], intervals: list[float]):
-    """The distinct vision blocks of the batch as a :class:`~ropekit.designs.registry.BlockTable`, and the
-    index of each grid's block (image grids first, then video grids), as numpy int64.
+    """The distinct vision blocks of the batch, and the index of each grid's block (image grids first, then
+    video grids), int64.
 
-    A block is ``(t, h, w, Δt)``, or an image ``(h, w)``; an image grid with several frames is a
-    unit-interval video (as transformers treats it). No segment object is built.
+    Blocks come as ``(keys, levels)``: sorted packed keys and the distinct intervals (see
+    :data:`ropekit.block_cache.LEVEL_SHIFT`), or, when a size or the number of intervals does not fit a
+    key, as ``(None, columns)`` with numpy columns ``(is video, t, h, w, Δt)``. A block is ``(t, h, w, Δt)``,
+    or an image ``(h, w)``; an image grid with several frames is a unit-interval video (as transformers
+    treats it). No segment object is built.
     """
-    grids = [g for g in (images, videos) if g is not None and g.shape[0]]
+    grids = [g.numpy() for g in (images, videos) if g is not None and g.shape[0]]
     if not grids:
-        empty = torch.zeros(0, dtype=torch.int64)
-        return BlockTable(empty, empty, empty, empty.double(), empty.bool()), np.zeros(0, dtype=np.int64)
-    thw = torch.cat(grids).numpy()
+        return (np.zeros(0, dtype=np.int64), np.zeros(0)), np.zeros(0, dtype=np.int64)
+    thw = np.concatenate(grids) if len(grids) > 1 else grids[0]
     n_img = 0 if images is None else images.shape[0]
     is_video = np.ones(thw.shape[0], dtype=np.int64)
     is_video[:n_img] = thw[:n_img, 0] > 1
     interval = np.empty(thw.shape[0])
     interval[:n_img] = is_video[:n_img]  # an image: Δt 0; an image grid with frames: a video of Δt 1
     interval[n_img:] = intervals
-    levels, level = np.unique(interval, return_inverse=True)
-    if thw.max() < 2**20 and levels.shape[0] <= 4:  # one int64 key per block: (Δt level, is video, t, h, w)
-        key = (((level.reshape(-1) * 2 + is_video) << 60) | (thw[:, 0] << 40) | (thw[:, 1] << 20) | thw[:, 2])
-        keys, block_of_grid = np.unique(key, return_inverse=True)
-        distinct = np.empty((keys.shape[0], 5))
-        distinct[:, 0] = (keys >> 60) & 1
-        distinct[:, 1], distinct[:, 2], distinct[:, 3] = (keys >> 40) & (2**20 - 1), (keys >> 20) & (2**20 - 1), keys & (2**20 - 1)
-        distinct[:, 4] = levels[keys >> 61]
-        return _block_table(distinct), block_of_grid.reshape(-1)
+    # the distinct intervals, sorted (as np.unique gives them, at a fraction of its cost on a few values)
+    levels = set(intervals)
+    if n_img:
+        framed = int(np.count_nonzero(is_video[:n_img]))
+        levels.update(([0.0] if framed < n_img else []) + ([1.0] if framed else []))
+    levels = np.array(sorted(levels), dtype=np.float64)
+    t, h, w = thw.T
+    if (t.max() < _block_cache.MAX_T and max(h.max(), w.max()) < _block_cache.MAX_HW
+            and levels.shape[0] <= _block_cache.MAX_LEVELS):  # one int64 key per block
+        level = np.searchsorted(levels, interval)
+        key = (level << _block_cache.LEVEL_SHIFT) | (is_video << 46) | (t << 32) | (h << 16) | w
+        order = np.argsort(key)
+        ordered = key[order]
+        new = np.empty(ordered.shape[0], dtype=bool)
+        new[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+        block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
+        block_of_grid[order] = np.cumsum(new) - 1
+        return (ordered[new], levels), block_of_grid
     keys = np.column_stack([is_video, thw, interval]).astype(np.float64)  # exact: sizes are checked < 2**52
     # distinct rows: sorted (np.unique(axis=0) does the same, several times slower on a few hundred rows)
     order = np.lexsort(keys.T[::-1])
@@ -527,14 +575,8 @@ def _distinct_blocks(images: Optional[torch.Tensor], videos: Optional[torch.Tens
     distinct = ordered[new]
     block_of_grid = np.empty(ordered.shape[0], dtype=np.int64)
     block_of_grid[order] = np.cumsum(new) - 1
-    return _block_table(distinct), block_of_grid
-
-
-def _block_table(distinct: np.ndarray) -> BlockTable:
-    """A BlockTable from rows ``(is video, t, h, w, Δt)``."""
-    sizes = distinct[:, 1:4].T.astype(np.int64)
-    return BlockTable(*(torch.from_numpy(x) for x in (sizes[0], sizes[1], sizes[2], distinct[:, 4].copy(),
-                                                      distinct[:, 0] == 0)))
+    sizes = distinct[:, :4].T.astype(np.int64)
+    return (None, (sizes[0], sizes[1], sizes[2], sizes[3], distinct[:, 4].copy())), block_of_grid
 
 
 def _check_finite(bound: float, rule, design_options: dict) -> None:
@@ -550,7 +592,7 @@ def _check_finite(bound: float, rule, design_options: dict) -> None:
 
 def _index_by_rule(
     types: torch.Tensor,
-    valid: torch.Tensor,
+    mask: Optional[torch.Tensor],
     images: Optional[torch.Tensor],
     videos: Optional[torch.Tensor],
     intervals: list[float],
@@ -567,15 +609,17 @@ def _index_by_rule(
     first packed to right padding (transformers drops masked tokens before indexing, and so do we).
     Per-segment work (a few hundred to a few thousand segments) is done in numpy, whose calls cost a
     fraction of a torch call; per-token work is a handful of torch operations over the whole batch.
-    ``runs`` is :func:`_runs` of ``types`` and ``valid`` when the caller has it.
+    ``mask`` is the attention mask checked by :func:`_runs` (None: every token valid) and ``runs`` its
+    :func:`_runs` of ``types`` when the caller has it.
     """
     batch, length = types.shape
     total = batch * length
-    first_tok, run_len, kind = _runs(types, valid) if runs is None else runs
+    first_tok, run_len, kind = _runs(types, mask)[0] if runs is None else runs
     sample = first_tok // length
     mid = sample[1:-1]
     if ((kind[1:-1] == _PAD) & (sample[:-2] == mid) & (sample[2:] == mid)).any():
         # padding between tokens of one sample: index the packed batch, then put it back
+        valid = _valid(mask, (batch, length))
         packed_valid, packed_types = _repack(valid, types)
         pos_p, delta = _index_by_rule(packed_types, packed_valid, images, videos, intervals, rule,
                                       design_options, per_axis_deltas, delta_axes)
@@ -610,18 +654,22 @@ def _index_by_rule(
     else:
         vis_block = block_of_grid
 
-    # every distinct block placed once by the design's rule
-    offsets, advance, absolute, gap = unpack_placed(rule(blocks, **design_options))
+    # every distinct block placed by the design's rule, once (and kept for later calls: see block_cache),
+    # in one table of relative coordinates with zero rows for padding and the diagonal for text
+    pad_max = int(seg_len[pad_idx].max()) if pad_idx.shape[0] else 0
+    text_max = int(seg_len[text_idx].max()) if text_idx.shape[0] else 0
+    if blocks[0] is not None:
+        placed = _block_cache.place(rule, design_options, *blocks, pad_max, text_max)
+    else:
+        placed = _block_cache.place_columns(rule, design_options, *blocks[1], pad_max, text_max)
+    advance, absolute, gap = placed.advance, placed.absolute, placed.gap
     axes = advance.shape[1]
-    block_len = blocks.num_tokens.numpy()
-    block_first = _exclusive_cumsum(block_len)
-    off = offsets.detach().numpy().T  # (A, Σ n): contiguous when the rule builds its offsets axis by axis
 
     # start of every segment: sum of the advances before it in its sample, in order (as the walk adds them)
     num_seg = seg_len.shape[0]
     step = np.zeros((num_seg, axes))
     step[text_idx] = seg_len[text_idx, None]
-    step[vis_idx] = advance.numpy()[vis_block]
+    step[vis_idx] = advance[vis_block]
     per_sample = np.bincount(seg_sample, minlength=batch)  # >= 1: every row is at least one run
     sample_first = np.cumsum(per_sample) - per_sample
     rank = np.arange(num_seg) - sample_first[seg_sample]
@@ -634,38 +682,28 @@ def _index_by_rule(
         vis_before = _exclusive_cumsum((seg_kind > TEXT).astype(np.int64))
         later = (seg_kind > TEXT) & (vis_before > vis_before[sample_first][seg_sample])  # not the first of its sample
         steps = np.zeros((batch, 2 * width + 1, axes))
-        steps[seg_sample[later], 2 * rank[later] + 1] = gap.numpy()
+        steps[seg_sample[later], 2 * rank[later] + 1] = gap
         steps[seg_sample, 2 * rank + 2] = step
         start = np.cumsum(steps, axis=1, out=steps)[seg_sample, 2 * rank + 1]
     start[pad_idx] = 0.0
     if absolute is not None:  # absolute axes of vision blocks do not add the start (see designs.registry)
-        start[vis_idx] *= ~absolute.numpy()
+        start[vis_idx] *= ~absolute
 
-    # one table of relative coordinates: zeros for padding, the diagonal for text, then every block
-    pad_max = int(seg_len[pad_idx].max()) if pad_idx.shape[0] else 0
-    text_max = int(seg_len[text_idx].max()) if text_idx.shape[0] else 0
+    # table row of each segment's first token: 0 for padding (zero rows), the diagonal's first for text
     base = np.zeros_like(seg_len)
-    base[text_idx] = pad_max
-    base[vis_idx] = pad_max + text_max + block_first[vis_block]
-    low, high = (off.min(), off.max()) if off.size else (0.0, 0.0)
-    off_max = float(np.maximum(-low, high))  # NaN stays NaN and is refused below
+    base[text_idx] = placed.diag
+    base[vis_idx] = placed.first[vis_block]
+    off_max = placed.absmax  # NaN stays NaN and is refused below
     start_max = float(np.abs(start).max())
     _check_finite(off_max + max(text_max, 0) + start_max, rule, design_options)
 
-    # float32 arithmetic is exact when every value is an integer below 2**24, which is the usual case
-    exact32 = (max(off_max, text_max) + start_max < 2**24 and bool((start == np.rint(start)).all())
-               and np.array_equal(off, np.rint(off)))
+    # float32 arithmetic is exact when every value is an integer below 2**24, which is the usual case (the
+    # table is float32 only when all it holds is such)
+    table = placed.table
+    exact32 = (table.dtype == np.float32 and max(off_max, text_max) + start_max < 2**24
+               and bool((start == np.rint(start)).all()))
     np_dtype = np.float32 if exact32 else np.float64
-    first_block_row = pad_max + text_max
-    table = np.empty((axes, first_block_row + off.shape[1]), dtype=np_dtype)  # (A, rows)
-    table[:, :pad_max] = 0.0
-    table[:, pad_max:first_block_row] = np.arange(text_max)
-    table[:, first_block_row:] = off
-    # each block's largest offset per axis (exact in float32 too: whole numbers below 2**24)
-    if block_len.shape[0]:
-        block_top = np.maximum.reduceat(table[:, first_block_row:], block_first, axis=1).T.astype(np.float64)
-    else:
-        block_top = np.zeros((0, axes))
+    block_top = placed.top
     # table row of every token: its segment's row base plus its index inside the segment (numpy's repeat
     # is several times faster than torch's here; int32 when every row number fits)
     index = np.int32 if table.shape[1] + total < 2**31 else np.int64
@@ -692,7 +730,10 @@ def _index_by_rule(
         pos = torch.empty(axes, total, dtype=torch.float32)
         rel = torch.empty(total, dtype=torch.float64)
         for a in range(axes):
-            torch.index_select(table[a], 0, row, out=rel)
+            if table.dtype == torch.float64:
+                torch.index_select(table[a], 0, row, out=rel)
+            else:  # whole numbers below 2**24: exact in float32 and float64 alike
+                rel.copy_(torch.index_select(table[a], 0, row))
             rel += tok_start[column_of_axis[a]]
             pos[a] = rel
     pos = pos.view(axes, batch, length)
