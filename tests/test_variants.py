@@ -636,7 +636,7 @@ def test_apply_rejects_per_head_tables_that_do_not_match_the_heads():
 
 
 def test_hope_index_draws_one_scale_per_sample_like_positions_would():
-    from ropekit.designs.hope import hope_index
+    from ropekit import hope_index
 
     types = torch.tensor([[0, 0] + [2] * 12 + [0, 0]] * 6)  # one 3-frame 2x2 video per sample
     videos = [[3, 4, 4]] * 6

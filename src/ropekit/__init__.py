@@ -10,7 +10,7 @@ from .layout import Audio, Grid, Image, Layout, Text, Video
 
 # 2. position designs (+ the batched Hugging Face-compatible index, + AGE layer schedules)
 from .designs import Design, designs, get_design, positions, register
-from .index import decode_positions, rope_index
+from .index import decode_positions, hope_index, rope_index
 from .age import age_schedule
 
 # 3. rotation families
@@ -44,7 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Layout", "Text", "Image", "Video", "Audio", "Grid",
-    "positions", "designs", "get_design", "register", "Design", "rope_index", "decode_positions", "age_schedule",
+    "positions", "designs", "get_design", "register", "Design", "rope_index", "hope_index", "decode_positions", "age_schedule",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
     "GeoPERotation", "geope_frequencies", "geope_rotation", "channel_coefficients",

@@ -20,11 +20,12 @@ import torch
 
 from . import block_cache as _block_cache
 from . import layout as _layout
+from .designs import hope as _hope
 from .designs import positions
 from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
 from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
-__all__ = ["rope_index", "decode_positions", "MAX_BATCH_COORDINATES"]
+__all__ = ["rope_index", "decode_positions", "hope_index", "MAX_BATCH_COORDINATES"]
 
 GridLike = Union[torch.Tensor, Sequence[Sequence[int]]]
 
@@ -800,3 +801,25 @@ def decode_positions(
         keep = attention_mask.to(deltas.device) != 0
         idx = (keep.long().cumsum(-1) - 1).masked_fill(~keep, 0)[:, -num_new:].to(torch.float32)
     return (idx[None] + d).expand(num_axes, -1, -1).contiguous()
+
+
+def hope_index(*args, scales: Sequence[float] = _hope.TRAIN_SCALES, generator: "torch.Generator | int", **kwargs):
+    """:func:`ropekit.rope_index` for HoPE training: one temporal scale per sample of the batch.
+
+    Takes ``rope_index``'s arguments; draws ``B`` scales from ``scales`` with ``generator`` (in sample
+    order, the draws ``positions(..., scales=scales, generator=generator)`` would make sample by
+    sample) and returns ``(positions, deltas, scales_drawn (B,))``.
+    """
+    types = kwargs.get("mm_token_type_ids", args[1] if len(args) > 1 else None)
+    if not isinstance(types, torch.Tensor) or types.ndim != 2:
+        raise ValueError("hope_index: pass rope_index's arguments, with `mm_token_type_ids` of shape (batch, seq_len)")
+    generator = _hope.as_generator(generator)
+    drawn = [_hope.draw_temporal_scale(scales, generator) for _ in range(types.shape[0])]
+    pos = delta = None
+    for gamma in sorted(set(drawn)):  # one batched pass per distinct scale (at most len(scales))
+        p, d = rope_index(*args, design="hope", temporal_scale=gamma, **kwargs)
+        pick = torch.tensor([g == gamma for g in drawn], device=p.device)
+        if pos is None:
+            pos, delta = p, d
+        pos[:, pick], delta[pick] = p[:, pick], d[pick]
+    return pos, delta, torch.tensor(drawn, dtype=torch.float64)

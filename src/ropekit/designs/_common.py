@@ -56,31 +56,6 @@ def frame_grid(h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-
-def frame_rows(segments, design: str):
-    """Every vision segment as a run of ``h × w`` frames (an image is one frame), row by row.
-
-    Returns ``(seg, frame, row, token_row, col, t, h, w)``: per frame row its segment (int64), frame
-    and row index (float64); per token the frame row it lies on (int64) and its column (float64);
-    per segment its frames, rows and columns (int64). Rules build a per-row table and expand it
-    with one ``index_select`` by ``token_row`` (rows are ``w`` times fewer than tokens). The designs of
-    the Multimodal-RoPEs collection treat each video frame as a block of its own.
-    """
-    seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, design)
-    return tuple(torch.from_numpy(x) for x in (seg, frame, row, token_row, col, t, h, w))
-
-
-def frame_rows_np(segments, design: str):
-    """:func:`frame_rows` as numpy arrays, for rules written in numpy."""
-    from .registry import block_rows_np, video_blocks  # registry imports this module
-
-    t, h, w, _ = video_blocks(segments, design)
-    t, h, w = (x.detach().to("cpu", torch.int64).numpy() for x in (t, h, w))
-    row_block, row_frame, row_index, token_row, token_col = block_rows_np(t, h, w)
-    return (row_block, row_frame.astype(np.float64), row_index.astype(np.float64), token_row,
-            token_col.astype(np.float64), t, h, w)
-
-
 def gather_rows(per_row: "list[np.ndarray]", token_row: np.ndarray) -> np.ndarray:
     """Per-row values of each axis taken for every token: ``(A, Σ n)`` float64, one contiguous row per axis.
 

@@ -19,7 +19,7 @@ from ._common import positive_number
 from .registry import register, walk
 from .videorope import diagonal_blocks
 
-__all__ = ["hope", "hope_blocks", "hope_index", "draw_temporal_scale", "TRAIN_SCALES"]
+__all__ = ["hope", "hope_blocks", "draw_temporal_scale", "as_generator", "TRAIN_SCALES"]
 
 TRAIN_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
 
@@ -64,7 +64,7 @@ def hope_blocks(
     if scales is not None or generator is not None:
         raise ValueError(
             "hope: `scales`/`generator` draw one temporal scale per sample; rope_index places a whole batch at "
-            "once: use ropekit.designs.hope.hope_index(..., scales=..., generator=...) for a batch, or "
+            "once: use ropekit.hope_index(..., scales=..., generator=...) for a batch, or "
             "ropekit.positions(layout, 'hope', scales=..., generator=...) per sample"
         )
     return diagonal_blocks(segments, positive_number(temporal_scale, "temporal_scale", "hope"), "hope")
@@ -92,27 +92,3 @@ def hope(
     elif generator is not None:
         raise ValueError("hope: `generator` is only used with `scales` (the temporal scales to draw from)")
     return walk(layout, hope_blocks, temporal_scale=temporal_scale)
-
-
-def hope_index(*args, scales: Sequence[float] = TRAIN_SCALES, generator: "torch.Generator | int", **kwargs):
-    """:func:`ropekit.rope_index` for HoPE training: one temporal scale per sample of the batch.
-
-    Takes ``rope_index``'s arguments; draws ``B`` scales from ``scales`` with ``generator`` (in sample
-    order, the draws ``positions(..., scales=scales, generator=generator)`` would make sample by
-    sample) and returns ``(positions, deltas, scales_drawn (B,))``.
-    """
-    from ..index import rope_index  # the index imports the designs
-
-    types = kwargs.get("mm_token_type_ids", args[1] if len(args) > 1 else None)
-    if not isinstance(types, torch.Tensor) or types.ndim != 2:
-        raise ValueError("hope_index: pass rope_index's arguments, with `mm_token_type_ids` of shape (batch, seq_len)")
-    generator = as_generator(generator)
-    drawn = [draw_temporal_scale(scales, generator) for _ in range(types.shape[0])]
-    pos = delta = None
-    for gamma in sorted(set(drawn)):  # one batched pass per distinct scale (at most len(scales))
-        p, d = rope_index(*args, design="hope", temporal_scale=gamma, **kwargs)
-        pick = torch.tensor([g == gamma for g in drawn], device=p.device)
-        if pos is None:
-            pos, delta = p, d
-        pos[:, pick], delta[pick] = p[:, pick], d[pick]
-    return pos, delta, torch.tensor(drawn, dtype=torch.float64)

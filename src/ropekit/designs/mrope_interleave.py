@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows_np, gather_rows
-from .registry import register, walk
+from ._common import gather_rows
+from .registry import frame_rows_np, register, walk
 
 __all__ = ["mrope_interleave", "mrope_interleave_blocks"]
 

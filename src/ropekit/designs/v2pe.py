@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows_np, gather_rows, positive_number
-from .registry import ragged_arange, register, segment_tokens, walk
+from ._common import gather_rows, positive_number
+from .registry import frame_rows_np, ragged_arange, register, segment_tokens, walk
 
 __all__ = ["v2pe", "v2pe_blocks"]
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..layout import Layout, Segment
-from ._common import frame_rows_np, gather_rows, positive_number
-from .registry import register, walk
+from ._common import gather_rows, positive_number
+from .registry import frame_rows_np, register, walk
 
 __all__ = ["videorope", "videorope_blocks", "diagonal_blocks"]
 
