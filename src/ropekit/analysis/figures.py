@@ -63,7 +63,8 @@ def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str 
     n = len(designs)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows + 0.6), squeeze=False)
+    height = 3.0 * rows + 0.8  # the panels, and a header of 0.8 in (title and legend) whatever the rows
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, height), squeeze=False)
     max_axes = 1
     for ax, name in zip(axes.flat, designs):
         c = positions(lay, name, **options)
@@ -73,10 +74,11 @@ def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str 
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     handles = _legend_handles(kinds, max_axes)
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.97),
-               title="colour = modality, marker shape = coordinate axis", title_fontsize=9)
-    fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=11, y=1.0)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9,
+               bbox_to_anchor=(0.5, 1 - 0.3 / height), title="colour = modality, marker shape = coordinate axis",
+               title_fontsize=9)
+    fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=11, y=1 - 0.05 / height)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / height))
     return _save(fig, path)
 
 
