@@ -224,15 +224,16 @@ def _clock() -> tuple[float, float]:
 
 
 def _interleaved(model, states: dict, phases: dict, repeat: int, log) -> dict:
-    """``{state: {phase: {"wall": [...], "cpu": [...]}}}``: every phase of every state, round-robin.
+    """``{state: {phase: {"wall": [...], "cpu": [...]}}}``: every phase of every state, round-robin, the order of
+    the states reversed every other round (so no state always runs right after the same one).
 
     ``phases`` maps a phase name to ``fn(carry) -> carry``, run in order within a state (so a decode
     phase gets its prefill's cache). The first round warms up and is not kept.
     """
     times = {s: {ph: {"wall": [], "cpu": []} for ph in phases} for s in states}
     for r in range(repeat + 1):
-        for s, state in states.items():
-            _set_state(model, state)
+        for s in (list(states) if r % 2 else list(states)[::-1]):
+            _set_state(model, states[s])
             carry = None
             for ph, fn in phases.items():
                 w0, c0 = _clock()
@@ -368,11 +369,12 @@ def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, famil
     out = []
     for fam in [FAMILIES[f] for f in families or FAMILIES]:
         names = [n for n in SHAPES if n in fam.shapes]
+        rounds = 4 * repeat * 4 // len(fam.states)  # 4 per repeat with Qwen2-VL's 4 states: the same time per family
         for name in [n for n in ([shape] if shape else ["quick"] if quick else reversed(SHAPES)) if n in names]:
             if fam.positions:
-                out += stages(name, 4 * repeat, log, family=fam)
-            out += forward(name, repeat if name == "full" else 4 * repeat, log, family=fam)  # scaled: more rounds
-            out += decode_only(name, 4 * repeat, log, family=fam)
+                out += stages(name, rounds, log, family=fam)
+            out += forward(name, repeat if name == "full" else rounds, log, family=fam)  # scaled: more rounds
+            out += decode_only(name, rounds, log, family=fam)
     return out
 
 
