@@ -261,7 +261,8 @@ def _rows(times: dict, kind: str, family: Family, shape: str, info: dict, log) -
                         "cpu_median_s": med["cpu"], "repeat": len(t["wall"]),
                         "vs_stock": med["wall"] / stock["wall"], "cpu_vs_stock": med["cpu"] / stock["cpu"]})
             log(f"{family.name:8s} {kind:6s} {ph:7s} {s:10s} cpu {med['cpu'] * 1e3:9.2f} ms "
-                f"({med['cpu'] / stock['cpu']:.3f}x stock)  wall {med['wall'] * 1e3:9.2f} ms ({med['wall'] / stock['wall']:.3f}x)")
+                f"({med['cpu'] / stock['cpu']:.3f}x stock)  wall {med['wall'] * 1e3:9.2f} ms "
+                f"({med['wall'] / stock['wall']:.3f}x)")
     return out
 
 
@@ -380,10 +381,11 @@ def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, famil
 
 def markdown(results: list[dict]) -> str:
     """The rows of ``results`` as a Markdown table: CPU-time median and ratio to stock, wall median."""
-    lines = ["| family | what | shape (layers, hidden, tokens) | phase | state | CPU time | vs stock | wall time | vs stock |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | what | shape (layers, hidden, tokens) | phase | state | CPU time | vs stock | wall time "
+             "| vs stock |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.get('family', 'qwen2_vl')} | {r['kind']} | {r['shape']} ({r['layers']}, {r['hidden']}, {r['tokens']}) | {r['phase']} | "
+        lines.append(f"| {r.get('family', 'qwen2_vl')} | {r['kind']} | {r['shape']} ({r['layers']}, {r['hidden']}, "
+                     f"{r['tokens']}) | {r['phase']} | "
                      f"{r['state']} | {r['cpu_median_s'] * 1e3:.2f} ms | {r['cpu_vs_stock']:.3f}x | "
                      f"{r['median_s'] * 1e3:.2f} ms | {r['vs_stock']:.3f}x |")
     return "\n".join(lines)
