@@ -137,9 +137,15 @@ def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_g
     else:
         new = _types_from_embeddings(hook, inputs_embeds)
     st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
+    _decode_forward(state, mask, past, batch, length, ref.device)
+
+
+def _decode_forward(state: st._State, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> None:
+    """Positions of a cached forward's ``length`` new tokens, all text; ``mask`` is a 2-D mask or None."""
+    state.stash = None
     if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
         mask = None  # not a mask over cache + new tokens
-    st.decode(state, mask, past, batch, length, ref.device)
+    st.decode(state, mask, past, batch, length, device)
 
 
 def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Tensor:
@@ -244,10 +250,26 @@ def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
         state.pending = None
         _refuse_text_positions(hook, given)
         return hook.call_previous(*args, **kwargs)
+    cache = cache_of(given)
+    ref = given.get("inputs_embeds") if given.get("inputs_embeds") is not None else given.get("input_ids")
+    cached, past = _cache_length(cache)
+    if cached and ref is not None and all(given.get(k) is None for k in _LM_VISION):
+        # a cached forward without images or videos (a decoding step): every family reads its tokens as text then
+        # (image token ids without images are text, as in stock), which is what the general path below finds
+        # after building and checking their token types; this skips those few tensor ops per step
+        state.pending = None
+        mask = given.get("attention_mask")
+        mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+        _decode_forward(state, mask, past, *ref.shape[:2], ref.device)
+        return hook.call_previous(*args, **kwargs)
     ref, types, grids, videos = _lm_vision_inputs(hook, given)
     # with the token types given, only the shape and device of `inputs_embeds` are read
-    _place_forward(hook, None, ref, grids, videos, given.get("attention_mask"), cache_of(given), types, None)
+    _place_forward(hook, None, ref, grids, videos, given.get("attention_mask"), cache, types, None)
     return hook.call_previous(*args, **kwargs)
+
+
+#: what a 1-D family's forward takes images or videos by: without all of them its tokens are text
+_LM_VISION = ("pixel_values", "pixel_values_videos", "mm_encoder_outputs")
 
 
 def _lm_vision_inputs(hook: Hook, given: dict) -> tuple:
