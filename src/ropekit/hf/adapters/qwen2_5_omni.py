@@ -8,7 +8,8 @@ registered design places audio as a text run), so the patch needs no ``mm_token_
 not take. The family's own position arguments: ``video_second_per_grid`` / ``second_per_grids`` (each video's
 seconds per temporal grid, taken as float32 as transformers takes them), ``audio_feature_lengths`` /
 ``audio_seqlens`` (not needed: the audio tokens are in the ids) and ``use_audio_in_video``, refused when true
-(the video's audio interleaved with its frames in 2-second chunks has no ropekit segment yet).
+(the video's audio interleaved with its frames in 2-second chunks is a ``VideoAudio`` layout segment, which
+``tmrope`` places, but the patch places batches from token types, which cannot express it yet).
 
 Rotation: Qwen2-VL's chunked ``mrope_section`` over the full head.
 """
@@ -44,8 +45,9 @@ class Qwen2_5OmniThinker(Adapter):
         if given.get("use_audio_in_video"):
             raise ValueError(
                 f"patched model: {self.model_type} with use_audio_in_video=True interleaves a video's audio track with "
-                f"its frames in time chunks, which ropekit layouts cannot express yet; pass the audio as its own "
-                f"segment (use_audio_in_video=False), or unpatch_model(model) for this input"
+                f"its frames in time chunks, which the patch's token types cannot express yet (a layout can: "
+                f"VideoAudio, design 'tmrope'); pass the audio as its own segment (use_audio_in_video=False), or "
+                f"unpatch_model(model) for this input"
             )
         seconds = next((given[k] for k in _SECONDS if given.get(k) is not None), None)
         if seconds is not None:
