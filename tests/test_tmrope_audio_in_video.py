@@ -229,3 +229,12 @@ def test_vision_blocks_give_each_frames_video_tokens():
     assert [idx.tolist() for _, idx in blocks] == [[4, 5], [6, 7], [58, 59]]
     block = _processor_block("2.5", 3, 1, 2, 60, 1.0)
     assert [i + 3 for i, c in enumerate(block) if c == "v"] == [4, 5, 6, 7, 58, 59]
+
+
+def test_huge_segments_are_described_but_not_built():
+    seg = VideoAudio(10**6, 100, 100, 5, "time")
+    assert str(seg) == "V1000000x100x100+A5:time" and seg.num_tokens == 10**10 + 9
+    with pytest.raises(ValueError, match="exceed the limit"):
+        seg.token_types()
+    with pytest.raises(ValueError, match="exceed the limit"):
+        positions(Layout([seg]), "tmrope", temporal_rounding="exact")

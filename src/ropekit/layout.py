@@ -271,6 +271,7 @@ class VideoAudio:
         index in the video (raster order) or the audio; and where the last piece transformers appends starts
         (its end markers follow that piece's largest position). ``frame_times`` (nondecreasing) replace
         :meth:`frame_times`: a design checks with its own times that the order is the one it places."""
+        check_token_count(self.num_tokens, f"VideoAudio.interleave ({self})")
         times = self.frame_times() if frame_times is None else list(frame_times)
         m, video = self.h * self.w, self.t * self.h * self.w
         if self.order == "time":
