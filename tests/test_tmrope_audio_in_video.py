@@ -238,3 +238,15 @@ def test_huge_segments_are_described_but_not_built():
         seg.token_types()
     with pytest.raises(ValueError, match="exceed the limit"):
         positions(Layout([seg]), "tmrope", temporal_rounding="exact")
+
+
+def test_rope_index_refuses_the_audio_code_pointing_at_positions():
+    """The batched index takes Hugging Face token types, which have no audio code: it cannot express the
+    interleaving, and says where it is placed instead."""
+    from ropekit import rope_index
+
+    types = Layout.parse("T1 V2x1x1@25+A3:chunks50 T1").token_types()[None]
+    assert 4 in types.tolist()[0]
+    with pytest.raises(ValueError, match="cannot be given as token types: .*ropekit.positions\\(layout, 'tmrope'\\)"):
+        rope_index(None, types, None, torch.tensor([[2, MERGE, MERGE]]), None, design="tmrope",
+                   spatial_merge_size=MERGE, tokens_per_second=RATE, second_per_grid_ts=torch.tensor([1.0]))
