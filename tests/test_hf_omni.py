@@ -12,6 +12,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -20,7 +21,7 @@ import transformers as T
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 import ropekit
-from ropekit import Audio, Image, Layout, Text, Video
+from ropekit import Audio, Image, Layout, Text, Video, VideoAudio
 from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
 from ropekit.hf.boundary import UnsupportedTransformersError
 
@@ -69,7 +70,7 @@ def _frames_25(n):
 
 def _frames_3(n):
     """Mel frames Qwen3-Omni's audio encoder turns into ``n`` tokens: the shortest its own length formula maps to n."""
-    return next(f for f in range(1, 100) if int(_get_feat_extract_output_lengths(torch.tensor(f), 50)) == n)
+    return next(f for f in range(1, 2000) if int(_get_feat_extract_output_lengths(torch.tensor(f), 50)) == n)
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,12 @@ class Family:
     build: Callable
     frames: Callable  # audio tokens -> mel frames
     stock: dict  # the stock-equivalent design's options
+    order: str  # VideoAudio order of a video with its audio
 
 
 FAMILIES = {
-    "qwen2_5_omni_thinker": Family(_thinker, _frames_25, {}),
-    "qwen3_omni_moe_thinker": Family(_qwen3_thinker, _frames_3, {"temporal_rounding": "exact"}),
+    "qwen2_5_omni_thinker": Family(_thinker, _frames_25, {}, "chunks"),
+    "qwen3_omni_moe_thinker": Family(_qwen3_thinker, _frames_3, {"temporal_rounding": "exact"}, "time"),
 }
 # before transformers 5.21 the thinkers held their text model directly; the adapters refuse that layout
 # (test_thinkers_of_older_transformers_are_refused), so the matrix below needs 5.21 or later
@@ -119,6 +121,18 @@ def _unpatched_after(request):
 # inputs: ("T", n) text, ("A", n) audio tokens, ("I", h, w) image patch grid, ("V", t, h, w, seconds) video
 
 
+def _processor_block(family, t, h, w, n, seconds):
+    """The family's processor's tokens for a video with its audio (patch grid t × h × w, n audio tokens): '<'
+    audio start, 'v' video, 'a' audio, '>' audio end; the vision start and end tokens go around it."""
+    cls = T.Qwen2_5OmniProcessor if family.order == "chunks" else T.Qwen3OmniMoeProcessor
+    me = SimpleNamespace(audio_bos_token="<", audio_eos_token=">", video_token="v", audio_token="a",
+                         video_processor=SimpleNamespace(merge_size=2))
+    me.get_chunked_index = lambda *a: cls.get_chunked_index(me, *a)
+    return cls.replace_video_with_audio_token(
+        me, {"video_grid_thw": [[t, h, w]], "video_second_per_grid": [seconds]}, 0, {"num_audio_tokens": [n]}, 0,
+        position_id_per_seconds=25, seconds_per_chunk=2)
+
+
 def make_batch(family, samples, seed=0):
     """Left-padded thinker inputs and, per sample, the layout its language model sees (spatial merge 2)."""
     g = torch.Generator().manual_seed(seed)
@@ -143,6 +157,15 @@ def make_batch(family, samples, seed=0):
             elif s[0] == "I":
                 img.append([1, s[1], s[2]])
                 wrapped(V_START, IMG, s[1] * s[2] // 4, Image(s[1] // 2, s[2] // 2), V_END)
+            elif s[0] == "VA":  # a video with its audio track, in the family's processor's order
+                t, h, w, sec, n = s[1:]
+                vid.append([t, h, w])
+                audio.append(family.frames(n))
+                s32 = float(torch.tensor(sec, dtype=torch.float32))
+                block = _processor_block(family, t, h, w, n, sec)
+                ids.extend([V_START] + [{"<": A_START, ">": A_END, "v": VID, "a": AUD}[c] for c in block] + [V_END])
+                lay.append(VideoAudio(t, h // 2, w // 2, n, family.order, 25 * s32))
+                seconds.append(sec)
             else:
                 t, h, w, sec = s[1:]
                 vid.append([t, h, w])
@@ -359,22 +382,83 @@ def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# what the patch refuses
+# audio in video (use_audio_in_video=True)
+
+# 0.5 s per grid (12.5 positions a frame): 2-second chunks of 4 frames; 3 s per grid (75): a frame past the next
+# chunk; 1.4 s: TMRoPE's float32 frame times; audio longer and shorter than the video
+AUDIO_IN_VIDEO = [[("T", 2), ("VA", 6, 2, 4, 0.5, 60), ("T", 2), ("A", 2), ("T", 1)],
+                  [("T", 1), ("I", 4, 4), ("T", 1), ("VA", 2, 4, 2, 3.0, 9), ("T", 3), ("VA", 4, 2, 2, 1.4, 70),
+                   ("T", 1)]]
 
 
-def test_audio_in_video_is_refused(fam):
-    """A video's audio interleaved with its frames has no ropekit segment: the patch refuses it, never misplaces."""
+def test_audio_in_video_matches_stock(fam):
+    """A video with its audio interleaved (the family's processor's order), with images, audio and left padding:
+    tmrope gives the stock logits, positions, rope_deltas and generate output bit for bit, and the positions are
+    ``ropekit.positions`` of the layout (a VideoAudio segment)."""
     family, model = fam
-    inputs, _ = make_batch(family, MIXED)
-    patch_model(model, "tmrope", **family.stock)
-    with pytest.raises(ValueError, match="use_audio_in_video=True .* cannot express"):
+    inputs, layouts = make_batch(family, AUDIO_IN_VIDEO, seed=2)
+    inputs["use_audio_in_video"] = True
+    keep = inputs["attention_mask"].bool()
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    audio = inputs["feature_attention_mask"].sum(1)
+    args = (inputs["input_ids"], inputs.get("image_grid_thw"), inputs["video_grid_thw"], inputs["attention_mask"],
+            True, audio, inputs["video_second_per_grid"])
+    with torch.no_grad():
+        ref = _logits(model, inputs)
+        pos, deltas = model.model.get_rope_index(*args)
+        set_deltas = model.model.rope_deltas
+        model.model.rope_deltas = None
+        gen = model.generate(**inputs, **kw)
+        patch_model(model, "tmrope", **family.stock)
+        out = _logits(model, inputs)
+        assert torch.equal(out[keep], ref[keep])
+        assert torch.equal(model.model.rope_deltas, set_deltas) and torch.equal(set_deltas, deltas)
+        own = reference_positions(inputs, layouts, "tmrope", **family.stock)
+        assert torch.equal(pos[:, keep].float(), own[:, keep])
+        for p in last_positions(model).values():
+            assert torch.equal(p[:, keep], own[:, keep])
+        got, got_deltas = model.model.get_rope_index(*args)
+        assert torch.equal(got[:, keep], pos[:, keep]) and torch.equal(got_deltas, deltas)
+        got = model.generate(**inputs, **kw)
+        assert torch.equal(got.sequences, gen.sequences)
+        for w, g in zip(gen.logits, got.logits):
+            assert torch.equal(g, w)
+
+
+def test_audio_in_video_with_other_designs(fam):
+    """Designs other than tmrope define no place for interleaved audio: the patched model refuses, naming the
+    design; without use_audio_in_video the same tokens are placed as the design places text and video."""
+    family, model = fam
+    inputs, _ = make_batch(family, AUDIO_IN_VIDEO, seed=2)
+    patch_model(model, "mrope")
+    with pytest.raises(ValueError, match="design 'mrope'.* defines no place for a video with its audio track"):
         _logits(model, dict(inputs, use_audio_in_video=True))
-    with pytest.raises(ValueError, match="use_audio_in_video=True"):
-        model.generate(**inputs, use_audio_in_video=True, max_new_tokens=1)
-    with pytest.raises(ValueError, match="use_audio_in_video=True"):
-        model.model.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"], inputs["video_grid_thw"],
-                                   inputs["attention_mask"], True, None, inputs["video_second_per_grid"])
-    _logits(model, dict(inputs, use_audio_in_video=False))  # False is the layout ropekit places
+
+
+def test_audio_in_video_with_a_video_without_audio_is_refused(fam):
+    """With use_audio_in_video=True the stock code pairs every video with the next audio; a video without audio
+    tokens would take another's: the patch refuses it."""
+    family, model = fam
+    inputs, _ = make_batch(family, [[("T", 2), ("V", 2, 2, 2, 0.5), ("T", 1), ("A", 2), ("T", 1)]])
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="a video without audio tokens while use_audio_in_video=True"):
+        _logits(model, dict(inputs, use_audio_in_video=True))
+
+
+def test_audio_in_video_out_of_the_processors_order_is_refused(fam):
+    """The patch places the processor's order only: ids in another order are refused, not misplaced."""
+    family, model = fam
+    inputs, _ = make_batch(family, [[("T", 2), ("VA", 2, 2, 2, 0.5, 30), ("T", 1)]])
+    ids = inputs["input_ids"]
+    first_audio = int((ids[0] == AUD).nonzero()[0])
+    ids[0, first_audio - 1], ids[0, first_audio] = AUD, VID  # one audio token before the last video token
+    patch_model(model, "tmrope", **family.stock)
+    with pytest.raises(ValueError, match="are not in .* order"):
+        _logits(model, dict(inputs, use_audio_in_video=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the patch refuses
 
 
 def test_videos_need_their_seconds(fam):

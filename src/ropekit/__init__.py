@@ -6,7 +6,7 @@ Four stages, one direction of flow (their conventions: docs/conventions.md)::
     layout.py   designs/            rotations/           apply/
 """
 # 1. layouts
-from .layout import Audio, Grid, Image, Layout, Text, Video
+from .layout import Audio, Grid, Image, Layout, Text, Video, VideoAudio
 
 # 2. position designs (+ the batched Hugging Face-compatible index, + AGE layer schedules)
 from .designs import Design, designs, get_design, positions, register
@@ -43,7 +43,7 @@ from .hf import patch_vision_model, unpatch_vision_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Text", "Image", "Video", "Audio", "Grid",
+    "Layout", "Text", "Image", "Video", "Audio", "VideoAudio", "Grid",
     "positions", "designs", "get_design", "register", "Design", "rope_index", "hope_index", "decode_positions", "age_schedule",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",

@@ -471,7 +471,9 @@ def _runs(types: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[tuple[np.n
         raise ValueError(
             f"rope_index: `mm_token_type_ids` values must be 0 (text), 1 (image) or 2 (video), "
             f"got {sorted(set(kind.tolist()))}; give audio tokens as text (0): every design places audio as a text "
-            f"run (Layout.token_types' audio code 4 is not a Hugging Face token type)"
+            f"run (Layout.token_types' audio code 4 is not a Hugging Face token type). A video with its audio "
+            f"interleaved (use_audio_in_video) cannot be given as token types: place its layout (a VideoAudio "
+            f"segment) with ropekit.positions(layout, 'tmrope')"
         )
     if mask is not None:
         value = m.reshape(-1)[start]

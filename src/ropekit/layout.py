@@ -4,8 +4,10 @@ A layout is a tuple of segments: ``Text(n)``, ``Image(h, w)``, ``Video(t, h, w)`
 N-D ``Grid(*sizes)``. Sizes count *tokens* (after any patch merging). The compact string form is
 ``"T3 I4x4 T2"``, ``"T5 V8x3x3 T1"``, ``"T2 A50 T1"``, ``"G4x4x4"``; a video may carry its temporal interval
 (M-RoPE ``Δt``, Qwen2.5-VL) as ``"V8x3x3@2.5"``, an audio segment its seconds per token as ``"A50@0.02"``
-(default 0.04: the 40 ms tokens of Qwen2.5-Omni's and Qwen3-Omni's audio encoders). ``str(layout)`` writes
-intervals exactly, so ``Layout.parse(str(layout)) == layout`` for every layout.
+(default 0.04: the 40 ms tokens of Qwen2.5-Omni's and Qwen3-Omni's audio encoders). A video with its audio
+track interleaved (the Omni families' ``use_audio_in_video=True``) is one ``VideoAudio`` segment, written
+``"V8x3x3@25+A200:chunks50"`` (Qwen2.5-Omni's 2-second chunks) or ``"V8x3x3@25+A200:time"`` (Qwen3-Omni).
+``str(layout)`` writes intervals exactly, so ``Layout.parse(str(layout)) == layout`` for every layout.
 
 Sizes may be any int up to ``2**63 - 1`` (a layout is only a description); what may actually be
 *placed* is bounded by :data:`MAX_TOKENS`, checked before anything token-sized is allocated.
@@ -16,12 +18,12 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable, Sequence, Union
 
 import torch
 
-__all__ = ["Text", "Image", "Video", "Audio", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO", "GRID", "AUDIO",
-           "MAX_TOKENS", "check_token_count", "AUDIO_SECONDS"]
+__all__ = ["Text", "Image", "Video", "Audio", "VideoAudio", "Grid", "Layout", "Segment", "TEXT", "IMAGE", "VIDEO",
+           "GRID", "AUDIO", "MAX_TOKENS", "check_token_count", "AUDIO_SECONDS", "INTERLEAVINGS"]
 
 # token-type codes, shared with Hugging Face's ``mm_token_type_ids`` (text 0, image 1, video 2); grid and audio
 # tokens have codes of their own in ``Layout.token_types`` (``mm_token_type_ids`` has none for them)
@@ -199,6 +201,128 @@ class Audio:
         return f"A{self.n}{tail}"
 
 
+#: ``VideoAudio.order`` → the family whose token order it is
+INTERLEAVINGS = {"chunks": "Qwen2.5-Omni", "time": "Qwen3-Omni"}
+
+
+@dataclass(frozen=True)
+class VideoAudio:
+    """A video of ``t`` frames of ``h × w`` tokens with its audio track of ``n`` tokens interleaved in time: the
+    block the Omni families build with ``use_audio_in_video=True``, start and end markers included.
+
+    Its ``4 + t·h·w + n`` tokens are two start markers (``<|vision_bos|><|audio_bos|>``), the video and audio
+    tokens in the family's order, and two end markers (``<|audio_eos|><|vision_eos|>``). Times are in positions:
+    frame ``f`` at ``f · interval`` (M-RoPE's Δt, as for :class:`Video`), audio token ``k`` at ``k`` (one position
+    per token, as the families place audio). ``order`` is required, since the families differ:
+
+    - ``"chunks"`` (Qwen2.5-Omni): the times are cut into chunks of ``chunk`` positions (the config's
+      ``position_id_per_seconds · seconds_per_chunk``, default 50 = 25 · 2 s); chunk ``j`` of the video, then
+      chunk ``j`` of the audio, for every ``j``. Chunks follow transformers' ``get_chunked_index``: a token whose
+      time reaches the next chunk's threshold opens a new chunk, one threshold per token (so a frame more than
+      one chunk after the previous one opens one-token chunks; the families' own behaviour);
+    - ``"time"`` (Qwen3-Omni): video and audio tokens merged by time, a frame before an audio token of the same
+      time; ``chunk`` must be left out.
+    """
+
+    t: int
+    h: int
+    w: int
+    n: int
+    order: str
+    interval: float = 1.0
+    chunk: "int | None" = None
+
+    def __post_init__(self) -> None:
+        for name in ("t", "h", "w", "n"):
+            object.__setattr__(self, name, _check_size(getattr(self, name), name, "VideoAudio"))
+        _check_total(self.t * self.h * self.w + self.n + 4, f"VideoAudio({self.t}, {self.h}, {self.w}, {self.n})",
+                     "`t` × `h` × `w` + `n` + 4")
+        object.__setattr__(self, "interval", _check_interval(self.interval, "VideoAudio"))
+        if not isinstance(self.order, str) or self.order not in INTERLEAVINGS:
+            raise ValueError(f"VideoAudio: `order` must be 'chunks' (Qwen2.5-Omni: 2-second chunks, video then audio) "
+                             f"or 'time' (Qwen3-Omni: merged by time), got {self.order!r}")
+        if self.order == "time":
+            if self.chunk is not None:
+                raise ValueError(f"VideoAudio: `chunk` is for order='chunks' (Qwen2.5-Omni); order='time' merges "
+                                 f"by time and takes no chunk, got chunk={self.chunk!r}")
+        else:
+            chunk = 50 if self.chunk is None else _check_size(self.chunk, "chunk", "VideoAudio")
+            object.__setattr__(self, "chunk", chunk)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.t * self.h * self.w + self.n + 4
+
+    kind = VIDEO  # its token_types() are per token: markers TEXT, video VIDEO, audio AUDIO
+
+    def __str__(self) -> str:
+        tail = "" if self.interval == 1.0 else f"@{_format_float(self.interval)}"
+        order = "time" if self.order == "time" else f"chunks{self.chunk}"
+        return f"V{self.t}x{self.h}x{self.w}{tail}+A{self.n}:{order}"
+
+    def frame_times(self) -> "list[float]":
+        """Time of each frame in positions, ``f · interval`` (float64)."""
+        return [f * self.interval for f in range(self.t)]
+
+    def interleave(self, frame_times: "Sequence[float] | None" = None) -> "tuple[torch.Tensor, torch.Tensor, int]":
+        """The order of the video and audio tokens (markers excluded).
+
+        Returns ``(is_audio, index, last)``: per token (``t·h·w + n``, in order) whether it is audio and its
+        index in the video (raster order) or the audio; and where the last piece transformers appends starts
+        (its end markers follow that piece's largest position). ``frame_times`` (nondecreasing) replace
+        :meth:`frame_times`: a design checks with its own times that the order is the one it places."""
+        check_token_count(self.num_tokens, f"VideoAudio.interleave ({self})")
+        times = self.frame_times() if frame_times is None else list(frame_times)
+        m, video = self.h * self.w, self.t * self.h * self.w
+        if self.order == "time":
+            audio_at = torch.arange(self.n, dtype=torch.float64)
+            frame_t = torch.tensor(times, dtype=torch.float64)
+            # audio tokens before frame f: those earlier than its time (a frame goes first at equal times)
+            before = torch.searchsorted(audio_at, frame_t, side="left")
+            video_slots = before.repeat_interleave(m) + torch.arange(video)  # video and audio tokens before it
+            is_audio = torch.ones(video + self.n, dtype=torch.bool)
+            is_audio[video_slots] = False
+            index = torch.empty(video + self.n, dtype=torch.int64)
+            index[video_slots] = torch.arange(video)
+            index[is_audio] = torch.arange(self.n)
+            kinds = is_audio.to(torch.int8)
+            change = torch.nonzero(kinds[1:] != kinds[:-1]).flatten()
+            last = int(change[-1]) + 1 if change.numel() else 0
+            return is_audio, index, last
+        video_chunks = _chunk_runs(times, m, self.chunk)
+        audio_chunks = [(a, min(a + self.chunk, self.n)) for a in range(0, self.n, self.chunk)]
+        is_audio, index, start = [], [], 0
+        for j in range(max(len(video_chunks), len(audio_chunks))):
+            for audio, chunks in ((False, video_chunks), (True, audio_chunks)):
+                if j < len(chunks):
+                    a, b = chunks[j]
+                    start = len(index)
+                    is_audio.extend([audio] * (b - a))
+                    index.extend(range(a, b))
+        return torch.tensor(is_audio, dtype=torch.bool), torch.tensor(index, dtype=torch.int64), start
+
+    def token_types(self) -> torch.Tensor:
+        """Per-token modality code: markers text (0), video tokens video (2), audio tokens audio (4)."""
+        is_audio = self.interleave()[0]
+        inner = torch.where(is_audio, AUDIO, VIDEO)
+        marks = torch.full((2,), TEXT, dtype=torch.long)
+        return torch.cat([marks, inner.to(torch.long), marks])
+
+
+def _chunk_runs(times: "Sequence[float]", run: int, chunk: int) -> "list[tuple[int, int]]":
+    """transformers' chunking of nondecreasing token times (frame ``f``'s ``run`` tokens all at ``times[f]``)
+    into ``[start, end)`` pieces: a token whose time is at least ``c · chunk`` (``c`` counting from 1, one step per
+    token that opens a piece) opens the next piece."""
+    cuts, c = [], 1
+    for f, time in enumerate(times):
+        k = 0
+        while k < run and time >= c * chunk:
+            cuts.append(f * run + k)
+            k, c = k + 1, c + 1
+    bounds = [0, *cuts, len(times) * run]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 @dataclass(frozen=True)
 class Grid:
     """An N-D grid of tokens (ViT patches, volumes), row-major over ``sizes``."""
@@ -224,19 +348,44 @@ class Grid:
         return "G" + "x".join(str(s) for s in self.sizes)
 
 
-Segment = Union[Text, Image, Video, Audio, Grid]
-_SEGMENTS = (Text, Image, Video, Audio, Grid)
+Segment = Union[Text, Image, Video, Audio, VideoAudio, Grid]
+_SEGMENTS = (Text, Image, Video, Audio, VideoAudio, Grid)
 
 _TOKEN = re.compile(r"^(?:T(\d+)|I(\d+)x(\d+)|V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?|G(\d+(?:x\d+)*)"
                     r"|A(\d+)(?:@([0-9.eE+-]+))?)$")
 
 
+_VIDEO_AUDIO = re.compile(r"^V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?\+A(\d+)(?::(?:(time)|chunks(\d+)?))?$")
+
+
+def _parse_video_audio(tok: str) -> "VideoAudio":
+    m = _VIDEO_AUDIO.match(tok)
+    missing = m is not None and m.group(6) is None and m.group(7) is None and not tok.endswith(":chunks")
+    if m is None or missing:
+        why = ("it has no order after ':', which is required as the families interleave differently" if missing
+               else "cannot read it")
+        raise ValueError(
+            f"Layout.parse: segment {tok!r}: {why}; a video with its audio interleaved is written "
+            f"V{{t}}x{{h}}x{{w}}[@interval]+A{{n}}:chunks[{{positions per chunk}}] (Qwen2.5-Omni, e.g. "
+            f"'V4x2x2@25+A100:chunks50') or V{{t}}x{{h}}x{{w}}[@interval]+A{{n}}:time (Qwen3-Omni)"
+        )
+    t, h, w, iv, n, time, chunk = m.groups()
+    interval = 1.0 if iv is None else _parse_interval(iv, tok, example="V4x2x2@25+A100:time")
+    if time is not None:
+        return VideoAudio(int(t), int(h), int(w), int(n), "time", interval)
+    return VideoAudio(int(t), int(h), int(w), int(n), "chunks", interval, None if chunk is None else int(chunk))
+
+
 def _parse_segment(tok: str) -> Segment:
+    if "+A" in tok and tok.startswith("V"):
+        return _parse_video_audio(tok)
     m = _TOKEN.match(tok)
     if m is None:
         raise ValueError(
             f"Layout.parse: cannot read segment {tok!r}; use T{{n}} (text), I{{h}}x{{w}} (image), "
-            f"V{{t}}x{{h}}x{{w}}[@interval] (video), A{{n}}[@seconds] (audio) or G{{a}}x{{b}}[x...] (N-D grid), "
+            f"V{{t}}x{{h}}x{{w}}[@interval] (video), A{{n}}[@seconds] (audio), "
+            f"V{{t}}x{{h}}x{{w}}[@interval]+A{{n}}:time or :chunks{{c}} (video with its audio interleaved) "
+            f"or G{{a}}x{{b}}[x...] (N-D grid), "
             f"e.g. 'T3 I4x4 T2'"
         )
     g = m.groups()
@@ -275,7 +424,8 @@ class Layout:
         for i, s in enumerate(segs):
             if not isinstance(s, _SEGMENTS):
                 raise TypeError(
-                    f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video, Audio or Grid"
+                    f"Layout: segments[{i}] is a {type(s).__name__}; use ropekit.Text, Image, Video, Audio, "
+                    f"VideoAudio or Grid"
                 )
         _check_total(sum(s.num_tokens for s in segs), "Layout")
         object.__setattr__(self, "segments", segs)
@@ -326,6 +476,8 @@ class Layout:
         return sum(s.num_tokens for s in self.segments)
 
     def token_types(self) -> torch.Tensor:
-        """Per-token modality code (text 0, image 1, video 2, grid 3, audio 4), shape ``(L,)``."""
+        """Per-token modality code (text 0, image 1, video 2, grid 3, audio 4), shape ``(L,)``; a ``VideoAudio``
+        segment's markers are text, its video and audio tokens video and audio, in its order."""
         check_token_count(self.num_tokens, "Layout.token_types")
-        return torch.cat([torch.full((s.num_tokens,), s.kind, dtype=torch.long) for s in self.segments])
+        return torch.cat([s.token_types() if isinstance(s, VideoAudio)
+                          else torch.full((s.num_tokens,), s.kind, dtype=torch.long) for s in self.segments])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import AUDIO, GRID, IMAGE, TEXT, VIDEO, Image, Layout, Video
+from ..layout import AUDIO, GRID, IMAGE, TEXT, VIDEO, Image, Layout, Video, VideoAudio
 from ..rope import design_frequencies
 from ..designs.registry import positions
 from .kernel import kernel_between
@@ -100,7 +100,8 @@ def attention_bias_map(
 
 
 def vision_blocks(layout: "Layout | str") -> list[tuple[str, torch.Tensor]]:
-    """``(label, token indices)`` of every vision block: each image, each frame of each video, each grid.
+    """``(label, token indices)`` of every vision block: each image, each frame of each video, each grid. A
+    video with its audio interleaved (``VideoAudio``) gives its frames' video tokens, wherever its order puts them.
 
     Labels number images and videos separately in layout order: ``"image 1 (I3x3)"``,
     ``"video 1 frame 0 (V3x3x3)"``.
@@ -112,7 +113,13 @@ def vision_blocks(layout: "Layout | str") -> list[tuple[str, torch.Tensor]]:
         if seg.kind not in (TEXT, AUDIO):
             kind = {IMAGE: "image", VIDEO: "video", GRID: "grid"}[seg.kind]
             count[kind] = count.get(kind, 0) + 1
-            if isinstance(seg, Video):
+            if isinstance(seg, VideoAudio):  # each frame's video tokens, where the segment's order puts them
+                is_audio, index, _ = seg.interleave()
+                slots = torch.nonzero(~is_audio).flatten() + start + 2  # after the two start markers
+                frame = index[~is_audio] // (seg.h * seg.w)
+                for f in range(seg.t):
+                    out.append((f"{kind} {count[kind]} frame {f} ({seg})", slots[frame == f]))
+            elif isinstance(seg, Video):
                 per = seg.h * seg.w
                 for f in range(seg.t):
                     idx = torch.arange(start + f * per, start + (f + 1) * per)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import layout as _layout
-from ..layout import Audio, Image, Layout, Segment, Text, Video
+from ..layout import Audio, Image, Layout, Segment, Text, Video, VideoAudio
 from ._common import as_video
 
 __all__ = ["Design", "register", "get_design", "designs", "positions", "walk", "ragged_arange", "video_blocks",
@@ -70,6 +70,9 @@ class Design:
     #: Hugging Face placement see audio tokens as text (their token types have no audio code), which is where
     #: ``"text"`` puts them; so a rule that places audio elsewhere could not be honoured there, and none exists.
     audio: str = "text"
+    #: whether the design places :class:`~ropekit.VideoAudio` segments (a video with its audio track interleaved);
+    #: :func:`positions` refuses them for every other design
+    audio_in_video: bool = False
 
     @property
     def options(self) -> tuple:
@@ -103,6 +106,7 @@ def register(
     axes: "int | Callable[..., int] | None" = None,
     allocation_option: Optional[tuple] = None,
     audio: str = "text",
+    audio_in_video: bool = False,
 ) -> Callable:
     """Decorator: add a design function ``fn(layout, **options) -> Tensor (L, A)`` to the registry.
 
@@ -114,7 +118,9 @@ def register(
     refuse oversized work before the design allocates anything. ``allocation_option`` (optional)
     ``(option, {value: allocation})`` lets one of the design's options choose its allocation. ``audio`` says how
     the design places audio segments: ``"text"`` (default; a text run, the design never sees ``Audio``) or
-    ``"refuse"`` (a layout with audio is refused with a ValueError naming the design).
+    ``"refuse"`` (a layout with audio is refused with a ValueError naming the design). ``audio_in_video`` says
+    the design (and its block rule) places :class:`~ropekit.VideoAudio` segments; a layout holding one is refused
+    for every other design.
     """
     if audio not in AUDIO_RULES:
         raise ValueError(f"register: `audio` must be one of {', '.join(map(repr, AUDIO_RULES))}, got {audio!r}")
@@ -126,7 +132,7 @@ def register(
         if name in _REGISTRY:
             raise ValueError(f"register: a design named {name!r} already exists")
         _REGISTRY[name] = Design(name, fn, summary, allocation, tuple(aliases), block_rule, delta_axes, axes,
-                                 allocation_option, audio)
+                                 allocation_option, audio, bool(audio_in_video))
         for a in aliases:
             _ALIASES[a] = name
         return fn
@@ -186,6 +192,8 @@ def positions(layout: "Layout | str", design: str = "mrope", **options) -> torch
         lay = audio_as_text(lay)
     else:
         _refuse_audio(d, lay)
+    if not d.audio_in_video:
+        _refuse_audio_in_video(d, lay)
     check_work(d, lay, options)
     out = d.fn(lay, **options)
     if out.shape[0] != lay.num_tokens or out.ndim != 2:
@@ -216,6 +224,18 @@ def _refuse_audio(design: Design, layout: Layout) -> None:
             f"positions: design {design.name!r} defines no place for audio (registered with audio='refuse'), but layout "
             f"{_short(layout)} holds audio segment {audio}; write the audio as text (T{audio.n}) to place it as a text "
             f"run, or use a design that places audio (every built-in design does: docs/designs.md, 'Audio')"
+        )
+
+
+def _refuse_audio_in_video(design: Design, layout: Layout) -> None:
+    """ValueError when ``layout`` holds a ``VideoAudio`` segment and ``design`` does not place one."""
+    seg = next((s for s in layout if isinstance(s, VideoAudio)), None)
+    if seg is not None:
+        raise ValueError(
+            f"positions: design {design.name!r} defines no place for a video with its audio track interleaved, but "
+            f"layout {_short(layout)} holds segment {seg}; use design 'tmrope' (Qwen2.5-Omni's and Qwen3-Omni's "
+            f"placement), or write the video and its audio as separate segments "
+            f"({Video(seg.t, seg.h, seg.w, seg.interval)} A{seg.n}), which is a different token order"
         )
 
 

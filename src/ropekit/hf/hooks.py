@@ -108,8 +108,21 @@ def compute_3d_position_ids(hook: Hook, *args: Any, **kwargs: Any):
     given = hook.state.adapter.position_arguments(hook.bind(args, kwargs))
     _place_forward(hook, given.get("input_ids"), given.get("inputs_embeds"), given.get("image_grid_thw"),
                    given.get("video_grid_thw"), given.get("attention_mask"), cache_of(given),
-                   given.get("mm_token_type_ids"), given.get("second_per_grid_ts"))
+                   _audio_types(hook.state, given), given.get("second_per_grid_ts"))
     return None
+
+
+def _audio_types(state: st._State, given: dict, input_ids=None) -> Optional[torch.Tensor]:
+    """``mm_token_type_ids`` as given, or, where a video's audio is interleaved with its frames
+    (``audio_in_video``, the Omni families' ``use_audio_in_video``), the types read off the ids with the audio
+    tokens marked (4), from which the prompt is placed."""
+    ids = given.get("input_ids") if input_ids is None else input_ids
+    if not given.get("audio_in_video") or given.get("mm_token_type_ids") is not None or ids is None:
+        if given.get("audio_in_video") and ids is None:
+            raise ValueError("patched model: use_audio_in_video=True needs input_ids: only the ids tell the "
+                             "audio tokens interleaved with a video's frames apart")
+        return given.get("mm_token_type_ids")
+    return st.token_types(state, ids, None, ids.shape[0], ids.shape[1], ids.device, audio=True)
 
 
 def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_grid_thw, attention_mask, cache,
@@ -345,7 +358,7 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     batch, length = inputs_tensor.shape[:2]
     named = state.adapter.position_arguments(model_kwargs)
     grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
-    given = named.get("mm_token_type_ids")
+    given = _audio_types(state, named, input_ids)
     if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
         _grids_without_types(state)
     _videos_without_types(state, grids[1], given)
@@ -358,8 +371,9 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
     state.prompt.generated = True  # later uncached forwards of generate come without grids
     hook.owner.model.rope_deltas = st.rope_deltas(state)
-    if given is None and state.adapter.takes_token_types:  # generate extends these with zeros, so what it
-        types = state.prompt.types  # generates is declared text
+    # generate extends these with zeros, so what it generates is declared text
+    if named.get("mm_token_type_ids") is None and state.adapter.takes_token_types:
+        types = state.prompt.types
         model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
     state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
     return None
@@ -403,7 +417,7 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
         )
     input_ids = given["input_ids"]
     batch, length = input_ids.shape[:2]
-    types = st.token_types(state, input_ids, given.get("mm_token_type_ids"), batch, length, input_ids.device).cpu()
+    types = st.token_types(state, input_ids, _audio_types(state, given), batch, length, input_ids.device).cpu()
     mask = given.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     grids = (given.get("image_grid_thw"), given.get("video_grid_thw"), given.get("second_per_grid_ts"))

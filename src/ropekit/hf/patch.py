@@ -386,6 +386,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         float32_tables=adapter.float32_tables,
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
+        audio_token_id=getattr(inner.config, "audio_token_id", None),
+        interleave=adapter.interleave(inner.config),
     )
     if adapter.one_d:
         hooks.install(inner, "forward", hooks.lm_forward, state, contract=_lm_contract(adapter))

@@ -13,7 +13,9 @@ from typing import Any, Optional
 
 import torch
 
+from ..designs.registry import positions
 from ..index import rope_index
+from ..layout import AUDIO, Audio, Image, Layout, Text, VideoAudio
 from ..rotations.scaling import scale_frequencies
 from .adapters import Adapter
 
@@ -74,6 +76,8 @@ class _State:
     # families whose text model has several rotary tables (Adapter.rope_variants): key -> (geometries with that
     # table's frequencies, its attention factor); empty: ``geometries`` and ``scaling`` serve every layer
     variants: dict[str, tuple[dict[str, _Geometry], float]] = field(default_factory=dict)
+    audio_token_id: Optional[int] = None  # the audio token, marked (AUDIO) only where a video's audio is interleaved
+    interleave: Optional[tuple] = None  # (order, chunk) of a VideoAudio block (Adapter.interleave), or None
     origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
     current: Optional[tuple] = None  # (positions, run, keys served) of this forward, for rotaries called once per key
 
@@ -94,8 +98,11 @@ def rotary(state: _State, key: Optional[str]) -> tuple[dict[str, _Geometry], flo
 # token types
 
 
-def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length: int, device) -> torch.Tensor:
-    """Token types (text 0, image 1, video 2): ``mm_token_type_ids``, else read off the vision token ids."""
+def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length: int, device,
+                audio: bool = False) -> torch.Tensor:
+    """Token types (text 0, image 1, video 2): ``mm_token_type_ids``, else read off the vision token ids.
+    ``audio`` (a video's audio interleaved with its frames) also marks the audio tokens (4, ``AUDIO``), which
+    the prompt is then placed from (:func:`_place_interleaved`)."""
     if mm_token_type_ids is not None:
         return mm_token_type_ids.to(device=device, dtype=torch.long)
     if input_ids is not None:
@@ -104,6 +111,8 @@ def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length:
             types = types.masked_fill(input_ids == state.image_token_id, 1)
         if state.video_token_id is not None:
             types = types.masked_fill(input_ids == state.video_token_id, 2)
+        if audio and state.audio_token_id is not None:
+            types = types.masked_fill(input_ids == state.audio_token_id, AUDIO)
         return types
     return torch.zeros(batch, length, dtype=torch.long, device=device)
 
@@ -144,6 +153,8 @@ def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
 def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor]:
     """Each geometry's positions ``(A, B, L + extra)`` of the prompt followed by ``extra`` text tokens."""
     types, mask = prompt.types, prompt.mask
+    if bool((types == AUDIO).any()):
+        return _place_interleaved(state, prompt, extra)
     batch = types.shape[0]
     ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
     ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
@@ -161,6 +172,111 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
             )
         except ValueError as e:
             raise ValueError(f"patched model (design {name!r}): {e}") from None
+        if state.origin:
+            out[name] = out[name] + state.origin
+    return out
+
+
+def _interleaved_layouts(state: _State, prompt: _Prompt, extra: int) -> list:
+    """Per sample, the layout of its valid tokens followed by ``extra`` text tokens, where a run of video and
+    audio tokens (types 2 and 4) is a ``VideoAudio`` block with the two text tokens on each side as its markers,
+    a run of audio tokens alone is audio, and images and videos take their grid rows in order."""
+    if state.interleave is None:
+        raise ValueError(f"patched model: {state.adapter.name} defines no interleaving of a video's audio track")
+    order, chunk = state.interleave
+    images, videos, seconds = prompt.grids
+    videos = state.adapter.video_grids(videos, state.temporal_merge)
+    image_rows = iter([] if images is None else torch.as_tensor(images).tolist())
+    video_rows = iter([] if videos is None else torch.as_tensor(videos).tolist())
+    second_rows = iter([] if seconds is None else torch.as_tensor(seconds).double().reshape(-1).tolist())
+    merge, rate = state.merge, state.tokens_per_second
+    out = []
+    for b in range(prompt.types.shape[0]):
+        row = prompt.types[b] if prompt.mask is None else prompt.types[b][prompt.mask[b] != 0]
+        merged = torch.where(row == AUDIO, torch.full_like(row, 2), row)  # one run for a video and its audio
+        kinds, lengths = torch.unique_consecutive(merged, return_counts=True)
+        segs, at, ends = [], 0, 0  # ends: end tokens of the last block still to take from the text after it
+        for kind, n in zip(kinds.tolist(), lengths.tolist()):
+            run = row[at: at + n]
+            at += n
+            if ends and (kind != 0 or n < ends):
+                break
+            if kind == 0:
+                n, ends = n - ends, 0
+                if n:
+                    segs.append(Text(n))
+            elif kind == 1:
+                _, h, w = next(image_rows, (None, None, None))
+                if h is None or (h // merge) * (w // merge) != n:
+                    raise ValueError(f"patched model: sample {b}: an image run of {n} tokens does not match the "
+                                     f"next row of image_grid_thw")
+                segs.append(Image(h // merge, w // merge))
+            elif not bool((run == AUDIO).any()):
+                raise ValueError(
+                    f"patched model: sample {b} holds a video without audio tokens while use_audio_in_video=True; "
+                    f"the family's position code then pairs it with another audio (transformers misplaces it): "
+                    f"give every video its audio, or use_audio_in_video=False")
+            elif bool((run == 2).any()):
+                t, h, w = next(video_rows, (None, None, None))
+                sec = next(second_rows, None)
+                if t is None or sec is None:
+                    raise ValueError(f"patched model: sample {b}: a video with its audio has no row of "
+                                     f"video_grid_thw / video_second_per_grid left")
+                seg = VideoAudio(t, h // merge, w // merge, int((run == AUDIO).sum()), order, rate * sec,
+                                 chunk if order == "chunks" else None)
+                before = segs[-1] if segs else None
+                if seg.num_tokens - 4 != n or not isinstance(before, Text) or before.n < 2:
+                    raise ValueError(f"patched model: sample {b}: a run of {n} video and audio tokens does not "
+                                     f"fill {seg} between two start and two end tokens")
+                if not torch.equal(seg.token_types()[2:-2], run):
+                    raise ValueError(
+                        f"patched model: sample {b}: the video and audio tokens are not in {seg}'s order (the "
+                        f"processor's, {order!r}); ropekit places only that order")
+                segs[-1:] = [Text(before.n - 2)] if before.n > 2 else []
+                segs.append(seg)
+                ends = 2
+            else:
+                segs.append(Audio(n))
+        if ends:
+            raise ValueError(f"patched model: sample {b}: a video with its audio is not followed by its two end "
+                             f"tokens")
+        if extra:
+            segs.append(Text(extra))
+        out.append(Layout(_merge_text(segs)) if segs else None)
+    return out
+
+
+def _merge_text(segs: list) -> list:
+    out = []
+    for seg in segs:
+        if isinstance(seg, Text) and out and isinstance(out[-1], Text):
+            out[-1] = Text(out[-1].n + seg.n)
+        else:
+            out.append(seg)
+    return out
+
+
+def _place_interleaved(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor]:
+    """:func:`_place` for a prompt holding videos with their audio interleaved (audio tokens typed 4): one
+    :func:`ropekit.positions` call per sample layout (``rope_index`` takes no audio type)."""
+    layouts = _interleaved_layouts(state, prompt, extra)
+    batch, length = prompt.types.shape
+    valid = torch.ones(batch, length, dtype=torch.bool) if prompt.mask is None else prompt.mask != 0
+    valid = torch.cat([valid, torch.ones(batch, extra, dtype=torch.bool)], dim=1)
+    out = {}
+    for name, geo in state.geometries.items():
+        placed = []
+        for lay in layouts:
+            try:
+                placed.append(None if lay is None else positions(lay, geo.design, **geo.options))
+            except ValueError as e:
+                raise ValueError(f"patched model (design {name!r}): {e}") from None
+        axes = next((p.shape[1] for p in placed if p is not None), geo.W.shape[0])
+        pos = torch.zeros(batch, length + extra, axes, dtype=torch.float32)
+        for b, p in enumerate(placed):
+            if p is not None:
+                pos[b, valid[b]] = p
+        out[name] = pos.permute(2, 0, 1).contiguous()
         if state.origin:
             out[name] = out[name] + state.origin
     return out

@@ -140,6 +140,11 @@ class Adapter:
         :attr:`position_params` renames its own, and refuses those it cannot honour with a ValueError."""
         return given
 
+    def interleave(self, config: Any) -> Optional[tuple]:
+        """``(order, chunk)`` of the family's video-with-audio block (``VideoAudio``) for a bare model's
+        ``config``, or None where the family has none (then audio tokens are never typed apart)."""
+        return None
+
     def temporal_merge(self, vision_config: Any) -> int:
         """Video grid steps merged into one token step (the grid's ``t`` given to the design is divided by this)."""
         return 1

@@ -7,8 +7,10 @@ text. Token types come from the ids: image and video tokens are vision, audio to
 registered design places audio as a text run), so the patch needs no ``mm_token_type_ids``, which the family does
 not take. The family's own position arguments: ``video_second_per_grid`` / ``second_per_grids`` (each video's
 seconds per temporal grid, taken as float32 as transformers takes them), ``audio_feature_lengths`` /
-``audio_seqlens`` (not needed: the audio tokens are in the ids) and ``use_audio_in_video``, refused when true
-(the video's audio interleaved with its frames in 2-second chunks has no ropekit segment yet).
+``audio_seqlens`` (not needed: the audio tokens are in the ids) and ``use_audio_in_video``: when true, a video's
+audio track is interleaved with its frames in chunks of ``position_id_per_seconds · seconds_per_chunk`` positions
+(:meth:`interleave`); the patch then types the audio tokens from the ids and places each sample's layout, where
+such a block is a ``VideoAudio`` segment, with ``ropekit.positions`` (``rope_index`` takes no audio type).
 
 Rotation: Qwen2-VL's chunked ``mrope_section`` over the full head.
 """
@@ -39,14 +41,14 @@ class Qwen2_5OmniThinker(Adapter):
         """The thinker config's ``position_id_per_seconds`` (25): temporal positions per second."""
         return float(getattr(config, "position_id_per_seconds", 25))
 
+    def interleave(self, config: Any) -> Optional[tuple]:
+        """Chunks of ``position_id_per_seconds · seconds_per_chunk`` positions (25 · 2 = 50)."""
+        rate = float(getattr(config, "position_id_per_seconds", 25))
+        return "chunks", int(rate * float(getattr(config, "seconds_per_chunk", 2)))
+
     def position_arguments(self, given: dict) -> dict:
         out = {k: v for k, v in given.items() if k not in self.position_params}
-        if given.get("use_audio_in_video"):
-            raise ValueError(
-                f"patched model: {self.model_type} with use_audio_in_video=True interleaves a video's audio track with "
-                f"its frames in time chunks, which ropekit layouts cannot express yet; pass the audio as its own "
-                f"segment (use_audio_in_video=False), or unpatch_model(model) for this input"
-            )
+        out["audio_in_video"] = bool(given.get("use_audio_in_video"))
         seconds = next((given[k] for k in _SECONDS if given.get(k) is not None), None)
         if seconds is not None:
             # transformers takes each video's seconds as float32 and forms (f · seconds) · rate in float32; given

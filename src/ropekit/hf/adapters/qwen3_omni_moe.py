@@ -17,5 +17,9 @@ class Qwen3OmniMoeThinker(Qwen2_5OmniThinker):
     integer_positions = False
     forward_params = Qwen2_5OmniThinker.forward_params | {"output_router_logits"}
 
+    def interleave(self, config) -> tuple:
+        """Video and audio tokens merged by time."""
+        return "time", None
+
     def sections(self, rope: dict, half: int) -> list[int]:
         return Qwen3VL.sections(self, rope, half)  # the same height/width map as Qwen3-VL's
