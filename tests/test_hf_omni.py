@@ -461,6 +461,17 @@ def test_audio_in_video_out_of_the_processors_order_is_refused(fam):
 # what the patch refuses
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_image_grids_of_several_frames_are_refused(name):
+    """The processors make single-frame image grids; a grid of t > 1 would be placed one position per frame
+    where the stock model puts position_id_per_seconds between them, so it is refused, not misplaced."""
+    from ropekit.hf.adapters import ADAPTERS
+    adapter = ADAPTERS[name]
+    with pytest.raises(ValueError, match=r"image_grid_thw\[:, 0\] > 1"):
+        adapter.position_arguments({"image_grid_thw": torch.tensor([[1, 4, 4], [2, 4, 4]])})
+    adapter.position_arguments({"image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 6]])})  # single frames pass
+
+
 def test_videos_need_their_seconds(fam):
     family, model = fam
     inputs, _ = make_batch(family, MIXED)

@@ -49,6 +49,14 @@ class Qwen2_5OmniThinker(Adapter):
     def position_arguments(self, given: dict) -> dict:
         out = {k: v for k, v in given.items() if k not in self.position_params}
         out["audio_in_video"] = bool(given.get("use_audio_in_video"))
+        images = given.get("image_grid_thw")
+        if images is not None and bool((torch.as_tensor(images)[..., 0] != 1).any()):
+            raise ValueError(
+                f"patched model: {self.model_type} got an image grid of more than one temporal patch "
+                f"(image_grid_thw[:, 0] > 1); the stock model places such frames position_id_per_seconds apart "
+                f"and ropekit's images have one frame. Give them as a video (video_grid_thw with its "
+                f"video_second_per_grid); the processor makes single-frame image grids"
+            )
         seconds = next((given[k] for k in _SECONDS if given.get(k) is not None), None)
         if seconds is not None:
             # transformers takes each video's seconds as float32 and forms (f · seconds) · rate in float32; given
