@@ -420,13 +420,18 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
     from ..experiments.registry import get
 
     parts, metrics, entries = [], {}, []
-    for f in find_results(experiments_dir):
-        agg = _read_aggregate(f)
+    found = [(f, _read_aggregate(f)) for f in find_results(experiments_dir)]
+    # two aggregates of one experiment (a default run and a sweep, or the quick and the standard preset) must
+    # not share figure files or a metrics entry: a run is named by its experiment unless another would be too,
+    # and then by its file
+    tags = [f.parent.name if f.name == "aggregate.json" else f.stem.removeprefix("experiments-") for f, _ in found]
+    plain = [agg["experiment"] if tag in (agg["experiment"], f"{agg['experiment']}-{agg['preset']}") else tag
+             for tag, (_, agg) in zip(tags, found)]
+    for (f, agg), tag, run in zip(found, tags, plain):
         name = agg["experiment"]
         figs = get(name).figures
-        # two aggregates of one experiment (e.g. a default run and a sweep) must not share figure files
-        tag = f.parent.name if f.name == "aggregate.json" else f.stem.removeprefix("experiments-")
-        run = name if tag in (name, f"{name}-{agg['preset']}") else tag
+        if plain.count(run) > 1:
+            run = tag
         parts.append(f"<h3>{html.escape(run)}</h3><p class='note'>preset <code>{agg['preset']}</code>, "
                      f"{agg['seeds']} seed(s), run {agg['date']}, ropekit {agg['versions']['ropekit']}, torch "
                      f"{agg['versions']['torch']}. Hyper-parameters {html.escape(agg['hyperparameters'])}: "
