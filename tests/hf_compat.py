@@ -2,7 +2,8 @@
 
 transformers 5.23 renamed ``gradient_checkpointing_enable/disable`` to ``activation_checkpointing_enable/
 disable`` (and their ``gradient_checkpointing_kwargs`` argument); the tests use whichever the installed
-release has, so the same checks run at the oldest supported release and the newest.
+release has, so the same checks run at the oldest supported release and the newest. The checkpointed-training
+check every family runs lives here once too, built on them.
 """
 
 
@@ -19,3 +20,40 @@ def checkpointing_off(model) -> None:
         model.activation_checkpointing_disable()
     else:
         model.gradient_checkpointing_disable()
+
+
+def checkpointed_gradients(model, inputs, labels, named_params):
+    """One training step with and without checkpointing: ``(loss, loss_checkpointed, grads, grads_checkpointed)``,
+    the gradients as ``{name: grad}`` of ``named_params()`` (pairs of name and parameter) that received one."""
+    import torch
+
+    def grads():
+        model.zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        g = {n: p.grad.clone() for n, p in named_params() if p.grad is not None}
+        model.zero_grad()
+        return loss, g
+
+    model.train()
+    try:
+        loss, plain = grads()
+        checkpointing_on(model, use_reentrant=False)
+        loss2, ckpt = grads()
+    finally:
+        checkpointing_off(model)
+        model.eval()
+    assert isinstance(loss, torch.Tensor)
+    return loss, loss2, plain, ckpt
+
+
+def assert_checkpointing_keeps_gradients(model, inputs, labels, text_model) -> None:
+    """The loss is finite and the same with checkpointing, and so is every gradient of ``text_model``'s
+    parameters (attention included) — the invariant a patched model must keep when trained checkpointed."""
+    import torch
+
+    loss, loss2, plain, ckpt = checkpointed_gradients(model, inputs, labels, text_model.named_parameters)
+    assert torch.isfinite(loss) and torch.equal(loss, loss2)
+    assert plain.keys() == ckpt.keys() and any(".self_attn." in n for n in plain)
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-6, atol=1e-7)

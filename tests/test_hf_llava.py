@@ -19,7 +19,7 @@ from ropekit import Image, Layout, Text
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
 from ropekit.hf.adapters.llava import scaled_sections
 
-from hf_compat import checkpointing_off, checkpointing_on
+from hf_compat import checkpointed_gradients
 
 IMG, PAD = 70, 0
 SIDE = 2  # image_size 4 / patch_size 2: 2x2 image tokens
@@ -263,36 +263,15 @@ def test_training_step(llava, design):
     llava.zero_grad()
 
 
-def checkpointed_gradients(model, inputs, labels, params):
-    """(loss, gradients of ``params``, the same under gradient checkpointing) of one training step."""
-
-    def grads():
-        model.zero_grad()
-        loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        g = [p.grad.clone() for p in params]
-        model.zero_grad()
-        return loss, g
-
-    model.train()
-    try:
-        loss, plain = grads()
-        checkpointing_on(model, use_reentrant=False)
-        _, ckpt = grads()
-    finally:
-        checkpointing_off(model)
-        model.eval()
-    return loss, plain, ckpt
-
-
 def test_gradient_checkpointing_gives_the_same_gradients(clip):
     inputs, _ = make_batch(clip)
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     patch_model(clip, ("vrope", "mrope"), age="alternate")
     params = [l.self_attn.k_proj.weight for l in clip.model.language_model.layers]
-    _, plain, ckpt = checkpointed_gradients(clip, inputs, labels, params)
-    for a, b in zip(plain, ckpt):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    _, _, plain, ckpt = checkpointed_gradients(clip, inputs, labels, lambda: enumerate(params))
+    assert len(plain) == len(params)
+    for i in plain:
+        torch.testing.assert_close(ckpt[i], plain[i], rtol=1e-6, atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import torch
 
 from ropekit import Audio, Image, Layout, Text, Video, positions, rope_index
 
-omni25 = pytest.importorskip("transformers.models.qwen2_5_omni.modeling_qwen2_5_omni")
-omni3 = pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")
+import transformers.models.qwen2_5_omni.modeling_qwen2_5_omni as omni25
+import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe as omni3
 
 IMAGE, VIDEO, AUDIO, V_START, V_END, A_START, A_END = 901, 902, 903, 904, 905, 906, 907
 MERGE, RATE = 2, 25

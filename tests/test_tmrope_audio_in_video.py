@@ -15,10 +15,10 @@ import torch
 from ropekit import Audio, Image, Layout, Text, VideoAudio, positions
 from ropekit.layout import AUDIO, TEXT, VIDEO
 
-omni25 = pytest.importorskip("transformers.models.qwen2_5_omni.modeling_qwen2_5_omni")
-omni3 = pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")
-proc25 = pytest.importorskip("transformers.models.qwen2_5_omni.processing_qwen2_5_omni")
-proc3 = pytest.importorskip("transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe")
+import transformers.models.qwen2_5_omni.modeling_qwen2_5_omni as omni25
+import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe as omni3
+import transformers.models.qwen2_5_omni.processing_qwen2_5_omni as proc25
+import transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe as proc3
 # the references are the 5.21+ code (the processors' replace_video_with_audio_token appeared there, and the patch
 # supports the thinkers from 5.21 only: tests/test_hf_omni.py checks the refusal before it)
 pytestmark = pytest.mark.skipif(not hasattr(proc25.Qwen2_5OmniProcessor, "replace_video_with_audio_token"),
