@@ -15,6 +15,8 @@ import torch
 from ropekit import Audio, Image, Layout, Text, VideoAudio, positions
 from ropekit.layout import AUDIO, TEXT, VIDEO
 
+from test_tmrope import _audio_features  # the families' audio length formulas, searched backwards
+
 import transformers.models.qwen2_5_omni.modeling_qwen2_5_omni as omni25
 import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe as omni3
 import transformers.models.qwen2_5_omni.processing_qwen2_5_omni as proc25
@@ -54,18 +56,6 @@ def _processor_block(family, t, h, w, n, seconds):
     return cls.replace_video_with_audio_token(
         me, {"video_grid_thw": [[t, h * MERGE, w * MERGE]], "video_second_per_grid": [seconds]}, 0,
         {"num_audio_tokens": [n]}, 0, **kwargs)
-
-
-def _audio_features(family, n):
-    """An audio feature length the family's encoder turns into ``n`` tokens (found by search)."""
-    for length in range(1, 8 * n + 16):
-        if family == "2.5":
-            tokens = ((length - 1) // 2 + 1 - 2) // 2 + 1
-        else:
-            tokens = int(omni3._get_feat_extract_output_lengths(torch.tensor(length), 50))
-        if tokens == n:
-            return length
-    raise AssertionError(n)
 
 
 SECONDS = [0.5, 1.0, 2.0, 1.4, 1.8, 0.28, 2.6]
