@@ -17,20 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
-from .llava import Llava
+from .llava import TiledLlava
 
 
-class AyaVision(Llava):
+class AyaVision(TiledLlava):
     model_type = "aya_vision"
-
-    def check(self, inner: nn.Module) -> None:
-        self.tile_side(inner.config, inner.config.vision_feature_select_strategy)
-
-    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
-        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
-        return self.tile_side(inner.config, strategy), 0
 
     def tile_side(self, config: Any, strategy: str) -> int:
         """Tokens per side of a tile after the pixel shuffle; the tower's output must be the bare patch grid."""

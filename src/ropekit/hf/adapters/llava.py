@@ -80,6 +80,22 @@ class Llava(Adapter):
         return self.grid(inner.config, strategy)
 
 
+
+class TiledLlava(Llava):
+    """A LLaVA-shaped family whose every tile (and thumbnail) is one square grid of :meth:`tile_side` tokens per
+    side (InternVL, Aya Vision): checked at patch time, and the grid each call's images are placed on."""
+
+    def tile_side(self, config: Any, strategy: str) -> int:
+        """Tokens per side of one tile's grid; a ValueError for a configuration whose tiles are no square grid."""
+        raise NotImplementedError
+
+    def check(self, inner: nn.Module) -> None:
+        self.tile_side(inner.config, inner.config.vision_feature_select_strategy)
+
+    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
+        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
+        return self.tile_side(inner.config, strategy), 0
+
 def encoded_images(kwargs: dict) -> Any:
     """The images ``generate`` encoded before the first forward (``mm_encoder_outputs["image"]``; Idefics3 and
     SmolVLM also take the pooled features as a bare tensor), or None."""
