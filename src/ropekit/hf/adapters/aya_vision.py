@@ -15,15 +15,15 @@ layout and, like the stock model, the global layers ignore them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from .llava import TiledLlava
+from .llava import GridLlava
 
 
-class AyaVision(TiledLlava):
+class AyaVision(GridLlava):
     model_type = "aya_vision"
 
-    def tile_side(self, config: Any, strategy: str) -> int:
+    def grid_side(self, config: Any, strategy: Optional[str]) -> int:
         """Tokens per side of a tile after the pixel shuffle; the tower's output must be the bare patch grid."""
         side, cls = self.grid(config, strategy)
         if cls:

@@ -20,21 +20,15 @@ from typing import Any, Optional
 
 from torch import nn
 
-from .llava import Llava
+from .llava import GridLlava
 
 
-class Gemma3(Llava):
+class Gemma3(GridLlava):
     model_type = "gemma3"
     forward_params = frozenset({"token_type_ids"})
     rotary_params = frozenset({"layer_type"})
 
-    def check(self, inner: nn.Module) -> None:
-        self.side(inner.config)
-
-    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
-        return self.side(inner.config), 0
-
-    def side(self, config: Any) -> int:
+    def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
         """Tokens per side of an image's pooled grid; refuses a config whose pooling does not give that grid."""
         vcfg = config.vision_config
         patches = vcfg.image_size // vcfg.patch_size

@@ -17,10 +17,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-from .llava import Llava
+from .llava import GridLlava
 
 
-class Idefics3(Llava):
+class Idefics3(GridLlava):
     model_type = "idefics3"
     name = "Idefics3"
     forward_params = frozenset({"pixel_attention_mask"})
@@ -28,9 +28,6 @@ class Idefics3(Llava):
     def parts(self, model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module]:
         top, inner = (model, model.model) if hasattr(model, "lm_head") and hasattr(model, "model") else (None, model)
         return top, inner, getattr(inner, "text_model", None)
-
-    def check(self, inner: nn.Module) -> None:
-        self.side(inner.config)
 
     def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
         pixels = kwargs.get("pixel_values")
@@ -42,9 +39,9 @@ class Idefics3(Llava):
                 f"the vision config's image_size ({size} x {size}), which are what the processor makes and what its "
                 f"image token count assumes"
             )
-        return self.side(inner.config), 0
+        return super().image_grid(inner, kwargs)
 
-    def side(self, config: Any) -> int:
+    def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
         """Tokens per side of one tile's grid after the pixel shuffle."""
         vcfg = config.vision_config
         patches, scale = vcfg.image_size // vcfg.patch_size, config.scale_factor

@@ -17,15 +17,15 @@ larger grid.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from .llava import TiledLlava
+from .llava import GridLlava
 
 
-class InternVL(TiledLlava):
+class InternVL(GridLlava):
     model_type = "internvl"
 
-    def tile_side(self, config: Any, strategy: str) -> int:
+    def grid_side(self, config: Any, strategy: Optional[str]) -> int:
         """Tokens per side of one tile's grid; refuses a configuration whose tile tokens are no square grid (the
         model cannot reshape them either)."""
         if strategy != "default":

@@ -81,20 +81,23 @@ class Llava(Adapter):
 
 
 
-class TiledLlava(Llava):
-    """A LLaVA-shaped family whose every tile (and thumbnail) is one square grid of :meth:`tile_side` tokens per
-    side (InternVL, Aya Vision): checked at patch time, and the grid each call's images are placed on."""
+class GridLlava(Llava):
+    """A LLaVA-shaped family whose every image (or tile, or thumbnail) is one square grid of :meth:`grid_side`
+    tokens per side (InternVL, Aya Vision, Gemma 3, PaliGemma, Idefics3, SmolVLM): the side is checked at patch
+    time and is the grid each call's images are placed on."""
 
-    def tile_side(self, config: Any, strategy: str) -> int:
-        """Tokens per side of one tile's grid; a ValueError for a configuration whose tiles are no square grid."""
+    def grid_side(self, config: Any, strategy: Optional[str]) -> int:
+        """Tokens per side of one image's grid under the vision feature ``strategy`` (None where the family has
+        none); a ValueError for a configuration whose images are no square grid."""
         raise NotImplementedError
 
     def check(self, inner: nn.Module) -> None:
-        self.tile_side(inner.config, inner.config.vision_feature_select_strategy)
+        self.grid_side(inner.config, getattr(inner.config, "vision_feature_select_strategy", None))
 
     def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
-        strategy = kwargs.get("vision_feature_select_strategy") or inner.config.vision_feature_select_strategy
-        return self.tile_side(inner.config, strategy), 0
+        strategy = (kwargs.get("vision_feature_select_strategy")
+                    or getattr(inner.config, "vision_feature_select_strategy", None))
+        return self.grid_side(inner.config, strategy), 0
 
 def encoded_images(kwargs: dict) -> Any:
     """The images ``generate`` encoded before the first forward (``mm_encoder_outputs["image"]``; Idefics3 and

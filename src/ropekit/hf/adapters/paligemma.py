@@ -13,25 +13,17 @@ positions are shifted by 1 here too. A shift of every token changes no distance 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from torch import nn
-
-from .llava import Llava
+from .llava import GridLlava
 
 
-class PaliGemma(Llava):
+class PaliGemma(GridLlava):
     model_type = "paligemma"
     forward_params = frozenset({"token_type_ids"})
     position_origin = 1.0
 
-    def check(self, inner: nn.Module) -> None:
-        self.side(inner.config)
-
-    def image_grid(self, inner: nn.Module, kwargs: dict) -> tuple[int, int]:
-        return self.side(inner.config), 0
-
-    def side(self, config: Any) -> int:
+    def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
         vcfg = config.vision_config
         if getattr(vcfg, "model_type", None) != "siglip_vision_model":
             raise ValueError(
