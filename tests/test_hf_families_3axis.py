@@ -308,11 +308,10 @@ def _encoded(model, inputs):
     return dict(out, mm_encoder_outputs=encoded)
 
 
-def test_every_design_places_its_positions(fam):
-    """Every design runs (images and videos) and every layer rotates with ``ropekit.positions`` of the layout."""
-    _, family, model = fam
-    batches = [(_encoded(model, inputs), layouts) for inputs, layouts in _batches(family)]
-    for design in DESIGNS:
+def assert_every_design_places_its_positions(model, batches, designs) -> None:
+    """Patched with each of ``designs``, ``model`` gives finite logits on every ``(inputs, layouts)`` batch and
+    every layer rotates with each sample's ``ropekit.positions`` of its layout."""
+    for design in designs:
         patch_model(model, design)
         for inputs, layouts in batches:
             keep = inputs["attention_mask"].bool()
@@ -321,6 +320,13 @@ def test_every_design_places_its_positions(fam):
             want = reference_positions(inputs, layouts, design)
             for p in last_positions(model).values():
                 assert torch.equal(p[:, keep], want[:, keep]), design
+
+
+def test_every_design_places_its_positions(fam):
+    """Every design runs (images and videos) and every layer rotates with ``ropekit.positions`` of the layout."""
+    _, family, model = fam
+    batches = [(_encoded(model, inputs), layouts) for inputs, layouts in _batches(family)]
+    assert_every_design_places_its_positions(model, batches, DESIGNS)
 
 
 @pytest.mark.parametrize("age", [None, "alternate"])

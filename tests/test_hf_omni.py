@@ -26,6 +26,7 @@ from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patc
 from ropekit.hf.boundary import UnsupportedTransformersError
 
 from hf_compat import assert_checkpointing_keeps_gradients
+from test_hf_families_3axis import _logits, assert_every_design_places_its_positions, reference_positions
 
 IMG, VID, AUD, V_START, V_END, A_START, A_END, PAD = 70, 71, 72, 73, 74, 75, 76, 0
 SPECIAL = [IMG, VID, AUD, V_START, V_END, A_START, A_END]
@@ -205,21 +206,6 @@ def _batches(family):
     return [make_batch(family, MIXED), make_batch(family, AUDIO_ONLY, seed=1)]
 
 
-def reference_positions(inputs, layouts, design, extra=0, **options):
-    """Expected (A, B, L): each sample's ``ropekit.positions`` (its layout, then ``extra`` text) on its tokens."""
-    mask = inputs["attention_mask"].bool()
-    per = [ropekit.positions(Layout(lay + ([Text(extra)] if extra else [])), design, **options) for lay in layouts]
-    out = torch.zeros(per[0].shape[1], *mask.shape)
-    for b, p in enumerate(per):
-        out[:, b, mask[b]] = p.T
-    return out
-
-
-def _logits(model, inputs):
-    with torch.no_grad():
-        return model(**inputs).logits
-
-
 def _stock_positions(model, inputs):
     audio = inputs.get("feature_attention_mask")
     return model.model.get_rope_index(
@@ -306,16 +292,7 @@ def test_every_design_places_its_positions(fam):
     """Every design runs on audio, images and videos, and every layer rotates with ``ropekit.positions`` of the
     layout (audio placed as the design's rule says: a text run)."""
     family, model = fam
-    batches = _batches(family)
-    for design in DESIGNS:
-        patch_model(model, design)
-        for inputs, layouts in batches:
-            keep = inputs["attention_mask"].bool()
-            out = _logits(model, inputs)
-            assert torch.isfinite(out[keep]).all(), design
-            want = reference_positions(inputs, layouts, design)
-            for p in last_positions(model).values():
-                assert torch.equal(p[:, keep], want[:, keep]), design
+    assert_every_design_places_its_positions(model, _batches(family), DESIGNS)
 
 
 @pytest.mark.parametrize("age", [None, "alternate"])
