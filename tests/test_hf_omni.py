@@ -21,7 +21,7 @@ import transformers as T
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 import ropekit
-from ropekit import Audio, Image, Layout, Text, Video, VideoAudio
+from ropekit import Audio, Image, Text, Video, VideoAudio
 from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
 from ropekit.hf.boundary import UnsupportedTransformersError
 
