@@ -91,7 +91,7 @@ experiments: $(BASE_STAMP)
 # cores; resumable: rerun to continue), then the report
 experiments-standard: $(BASE_STAMP)
 	for name in crossmodal video resolution isotropy shape-bias pointcloud; do \
-	  $(VENV)/bin/ropekit experiment $$name --preset standard --threads 1 --replicate --out experiments-standard/ || exit 1; \
+	  $(VENV)/bin/ropekit experiment $$name --preset standard --jobs 2 --threads 1 --replicate --out experiments-standard/ || exit 1; \
 	done
 	$(VENV)/bin/ropekit report --out report/ --experiments experiments-standard/
 

@@ -276,6 +276,40 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path):
     assert resumed["metrics"] == full["metrics"]
 
 
+def test_worker_processes_give_the_records_of_one_process(tmp_path, capsys):
+    """``jobs=2`` trains the units (a stacked group of seeds, a single seed) in two spawned worker processes:
+    every run's losses and metrics are those of the same run in this process, and a rerun trains nothing."""
+    torch.set_num_threads(1)  # each worker takes this process's thread count; one thread in both, so one rounding
+    kw = dict(designs=["mrope", "circle"], seeds=3, preset="micro", progress=False, batch_seeds=2)
+    one = runner.run_experiment("crossmodal", out=tmp_path / "one", **kw)
+    two = runner.run_experiment("crossmodal", out=tmp_path / "two", jobs=2, **{**kw, "progress": True})
+    assert "done (4/4 units)" in capsys.readouterr().err  # mrope s0-1, mrope s2, circle s0-1, circle s2
+
+    def records(folder):
+        lines = (folder / "crossmodal" / "runs.jsonl").read_text().splitlines()
+        return {(r["design"], r["seed"]): r for r in map(json.loads, lines)}
+    a, b = records(tmp_path / "one"), records(tmp_path / "two")
+    assert sorted(a) == sorted(b) == sorted((d, s) for d in ("mrope", "circle") for s in range(3))
+    for key in a:
+        assert b[key]["losses"] == a[key]["losses"] and b[key]["metrics"] == a[key]["metrics"]
+        assert b[key].get("stacked") == a[key].get("stacked")
+    assert two["metrics"] == one["metrics"] and two["claims"] == one["claims"]
+    assert not list((tmp_path / "two" / "crossmodal" / "ckpt").iterdir())  # finished units leave no checkpoint
+    runner.run_experiment("crossmodal", out=tmp_path / "two", jobs=2, **kw)
+    assert len((tmp_path / "two" / "crossmodal" / "runs.jsonl").read_text().splitlines()) == 6
+
+
+def test_jobs_are_refused_where_they_do_not_apply(tmp_path, capsys):
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="`jobs` must be an int >= 1"):
+            runner.run_experiment("crossmodal", designs=["mrope"], preset="micro", out=tmp_path, jobs=bad)
+    with pytest.raises(ValueError, match="--device cpu"):
+        runner.run_experiment("crossmodal", designs=["mrope"], preset="micro", out=tmp_path, jobs=2, device="cuda")
+    assert main(["experiment", "crossmodal", "--preset", "micro", "--variance", "2", "--jobs", "2",
+                 "--out", str(tmp_path)]) != 0
+    assert "--jobs applies to training runs, not to --variance" in capsys.readouterr().err
+
+
 def test_list_says_what_each_experiment_tests(capsys):
     assert main(["experiment", "--list"]) == 0
     out = capsys.readouterr().out

@@ -289,8 +289,15 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    elif args.jobs > 1:  # the workers share the cores torch would have given this process
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() // args.jobs))
     if args.variance is not None:
         from .experiments import variance
+
+        if args.jobs != 1:
+            raise ValueError("--jobs applies to training runs, not to --variance (which runs in one process)")
 
         if args.variance < 2:
             raise ValueError(f"--variance needs at least 2 evaluation sets, got {args.variance}")
@@ -308,7 +315,8 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         return 0
     agg = runner.run_experiment(args.name, designs=designs, seeds=args.seeds, seed_start=args.seed_start,
                                 replicate=args.replicate, preset=args.preset, device=args.device, out=args.out,
-                                progress=not args.quiet, batch_seeds=args.batch_seeds, compile=args.compile)
+                                progress=not args.quiet, batch_seeds=args.batch_seeds, compile=args.compile,
+                                jobs=args.jobs)
     print(runner.summary_table(agg))
     print(f"results in {Path(args.out).resolve() / args.name} (runs.jsonl, aggregate.json)")
     return 0
@@ -381,11 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the stacked ensemble through torch.compile (pays a compilation per design)")
     ex.add_argument("--preset", choices=("micro", "quick", "standard", "full"), default="quick",
                     help="micro: seconds (tests); quick: a few-minute look on a CPU (not sized to decide); "
-                         "standard: seeds and evaluation sized to decide each claim, <= ~1 h on 2 CPU cores; "
+                         "standard: seeds and evaluation sized to decide each claim, <= ~1 h on 2 CPU cores "
+                         "with --jobs 2 --threads 1 (as much again with --replicate); "
                          "full: a larger model for one GPU")
     ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
     ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
     ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    ex.add_argument("--jobs", type=int, default=1,
+                    help="train this many groups of seeds at once in worker processes, each with --threads "
+                         "threads (default: torch's threads divided among the jobs); CPU only; the same results "
+                         "as one job. On 2 cores: --jobs 2 --threads 1")
     ex.add_argument("--quiet", action="store_true", help="no progress bars")
     ex.set_defaults(func=_cmd_experiment)
 

@@ -230,7 +230,8 @@ def default_seeds(exp: Experiment, preset: str) -> int:
 
 def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | None = None, seed_start: int = 0,
                    replicate: bool = False, preset: str = "quick", device: str = "cpu", out: "str | Path" = "experiments",
-                   progress: bool = True, batch_seeds: int | None = None, compile: bool = False) -> dict:
+                   progress: bool = True, batch_seeds: int | None = None, compile: bool = False,
+                   jobs: int = 1) -> dict:
     """Run (or resume) every design × seed of experiment ``name``; write and return the aggregate.
 
     Seeds are ``seed_start … seed_start + seeds − 1`` (the discovery set). ``replicate`` also trains the
@@ -239,7 +240,9 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     finished in ``runs.jsonl`` is reported without ``replicate``. ``batch_seeds`` trains up to that many
     seeds of a design together as one stacked ensemble (:func:`run_group`; default: the experiment's
     ``batch_seeds`` for the preset, else :data:`BATCH_SEEDS`; 1 = one run at a time); ``compile`` passes the ensemble through
-    ``torch.compile``."""
+    ``torch.compile``. ``jobs`` > 1 trains that many units (a stacked group of seeds, or one seed) at once in
+    worker processes with this process's torch thread count each (CPU only): the same records as ``jobs=1``,
+    appended as each unit finishes."""
     exp = get(name)
     if preset not in exp.presets:
         raise ValueError(f"unknown preset {preset!r} for {name}; choose one of {', '.join(exp.presets)}")
@@ -253,6 +256,11 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     group = exp.batch_seeds.get(preset, BATCH_SEEDS.get(preset, 1)) if batch_seeds is None else batch_seeds
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"`batch_seeds` must be an int >= 1, got {group!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"`jobs` must be an int >= 1, got {jobs!r}")
+    if jobs > 1 and (device != "cpu" or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        raise ValueError("`jobs` > 1 runs CPU worker processes: use it with --device cpu and without torchrun "
+                         "(a GPU or torchrun run uses its own parallelism)")
     dev = init_distributed(device)
     rank, _ = dist_info()
     folder = Path(out) / name
@@ -262,15 +270,19 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     if not replicate and all((d, s) in done for d in chosen for s in replication):
         replicate = True  # finished earlier: report it
     todo_seeds = discovery + (replication if replicate else [])
-    for design in chosen:
-        todo = [s for s in todo_seeds if (design, s) not in done]
-        for rec in _train_design(exp, design, todo, cfg, dev, folder, preset, progress=progress and rank == 0,
-                                 batch_seeds=group, compile=compile):
-            rec = {"preset": preset, **rec}
-            if rank == 0:
-                with runs_path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
-            done[(design, rec["seed"])] = rec
+    units = [u for design in chosen
+             for u in _units(exp, design, [s for s in todo_seeds if (design, s) not in done], cfg, group,
+                             warn=progress and rank == 0)]
+    records = (_run_units_in_workers(exp, units, preset, folder, compile=compile, jobs=jobs, progress=progress)
+               if jobs > 1 and units else
+               (rec for u in units for rec in _run_unit(exp, *u, cfg, dev, folder, preset,
+                                                         progress=progress and rank == 0, compile=compile)))
+    for rec in records:
+        rec = {"preset": preset, **rec}
+        if rank == 0:
+            with runs_path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+        done[(rec["design"], rec["seed"])] = rec
     runs = [done[(d, s)] for d in chosen for s in discovery]
     agg = {"format": 2, "experiment": name, "preset": preset, "seeds": len(discovery), "seed_list": discovery,
            "designs": chosen, "config": cfg, "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
@@ -287,29 +299,80 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     return agg
 
 
-def _train_design(exp: Experiment, design: str, seeds: list[int], cfg: dict, dev: torch.device, folder: Path,
-                  preset: str, *, progress: bool, batch_seeds: int = 1, compile: bool = False):
-    """Train and evaluate ``design`` at each of ``seeds``; yields each run's record as it finishes. With
-    ``batch_seeds`` > 1 (and a design the ensemble can stack, in one process) groups of that many seeds are
-    trained together (:func:`run_group`); otherwise one run at a time (:func:`run_one`)."""
+def _units(exp: Experiment, design: str, seeds: list[int], cfg: dict, batch_seeds: int, *,
+           warn: bool = False) -> list[tuple[str, list[int], bool]]:
+    """The units of work for ``design`` at ``seeds``: ``(design, seeds, stacked)``. With ``batch_seeds`` > 1 (and
+    a design the ensemble can stack, in one process) groups of that many seeds trained together
+    (:func:`run_group`); otherwise one seed each (:func:`run_one`)."""
     from .ensemble import supported
 
+    if not seeds:
+        return []
     if batch_seeds > 1 and len(seeds) > 1 and dist_info()[1] == 1:
         reason = supported(exp.make_model(design, cfg))
         if reason is None:
-            for i in range(0, len(seeds), batch_seeds):
-                group = seeds[i:i + batch_seeds]
-                ckpt = folder / "ckpt" / f"{preset}-{design}-s{group[0]}-{group[-1]}.pt"
-                yield from run_group(exp, design, group, cfg, dev, ckpt=ckpt, progress=progress, compile=compile)
-                ckpt.unlink(missing_ok=True)
-            return
-        if progress:
+            return [(design, seeds[i:i + batch_seeds], True) for i in range(0, len(seeds), batch_seeds)]
+        if warn:
             _warn(f"{design}: trained one seed at a time ({reason})")
-    for seed in seeds:
-        ckpt = folder / "ckpt" / f"{preset}-{design}-s{seed}.pt"
-        rec = run_one(exp, design, seed, cfg, dev, ckpt=ckpt, progress=progress)
-        yield rec
-        ckpt.unlink(missing_ok=True)
+    return [(design, [s], False) for s in seeds]
+
+
+def _run_unit(exp: Experiment, design: str, seeds: list[int], stacked: bool, cfg: dict, dev: torch.device,
+              folder: Path, preset: str, *, progress: bool, compile: bool = False):
+    """Train and evaluate one unit of :func:`_units`; yields each run's record as it finishes (a unit's
+    checkpoint, under ``folder/ckpt``, is removed once it has)."""
+    if stacked:
+        ckpt = folder / "ckpt" / f"{preset}-{design}-s{seeds[0]}-{seeds[-1]}.pt"
+        yield from run_group(exp, design, seeds, cfg, dev, ckpt=ckpt, progress=progress, compile=compile)
+    else:
+        ckpt = folder / "ckpt" / f"{preset}-{design}-s{seeds[0]}.pt"
+        yield run_one(exp, design, seeds[0], cfg, dev, ckpt=ckpt, progress=progress)
+    ckpt.unlink(missing_ok=True)
+
+
+def _unit_in_worker(module: str, name: str, preset: str, unit: tuple, folder: str, compile: bool,
+                    threads: int) -> list[dict]:
+    """:func:`_run_unit` in a worker process (started with ``spawn``: a fresh interpreter, so the experiment is
+    found again by importing the module that registers it)."""
+    import importlib
+
+    torch.set_num_threads(threads)
+    if module not in ("__main__", "__mp_main__"):
+        importlib.import_module(module)
+    exp = get(name)
+    return list(_run_unit(exp, *unit, exp.presets[preset], torch.device("cpu"), Path(folder), preset,
+                          progress=False, compile=compile))
+
+
+def _run_units_in_workers(exp: Experiment, units: list, preset: str, folder: Path, *, compile: bool, jobs: int,
+                          progress: bool):
+    """Yield the records of ``units``, trained ``jobs`` at a time in worker processes (each with this process's
+    torch thread count), in the order the units finish; a line on stderr per finished unit."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    module = exp.evaluate.__module__  # the module that defines (and registers) the experiment
+    threads = torch.get_num_threads()
+    with ProcessPoolExecutor(max_workers=min(jobs, len(units)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(_unit_in_worker, module, exp.name, preset, u, str(folder), compile, threads): u
+                   for u in units}
+        finished = 0
+        try:
+            while pending:
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in ready:
+                    design, seeds, _ = pending.pop(fut)
+                    recs = fut.result()
+                    finished += 1
+                    if progress:
+                        label = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+                        print(f"  {design} {label} done ({finished}/{len(units)} units)", file=sys.stderr)
+                    yield from recs
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
 
 
 def run_group(exp: Experiment, design: str, seeds: list[int], cfg: dict, device: torch.device, *,
