@@ -79,11 +79,11 @@ test: $(TEST_STAMP)
 # quick preset of every experiment (3 seeds each; a few-minute look per experiment on 2 CPU cores, not sized to
 # decide the claims), then the report
 experiments: $(BASE_STAMP)
-	$(VENV)/bin/ropekit experiment crossmodal --preset quick --out experiments/
-	$(VENV)/bin/ropekit experiment video --preset quick --out experiments/
-	$(VENV)/bin/ropekit experiment resolution --preset quick --threads 1 --out experiments/
-	$(VENV)/bin/ropekit experiment isotropy --preset quick --threads 1 --out experiments/
-	$(VENV)/bin/ropekit experiment shape-bias --preset quick --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment crossmodal --preset quick --jobs 2 --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment video --preset quick --jobs 2 --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment resolution --preset quick --jobs 2 --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment isotropy --preset quick --jobs 2 --threads 1 --out experiments/
+	$(VENV)/bin/ropekit experiment shape-bias --preset quick --jobs 2 --threads 1 --out experiments/
 	$(VENV)/bin/ropekit report --out report/ --experiments experiments/
 
 # standard preset of every experiment with its replication (seeds and evaluation sizes from the measured variance
