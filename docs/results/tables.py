@@ -16,7 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SCALARS = {"crossmodal": ["acc", "cell_spread", "acc_long_gap", "acc_large_grid", "acc_multi"],
            "video": ["cell_spread", "boundary_acc", "acc_longest"], "resolution": [], "isotropy": ["acc", "angle_spread"],
-           "shape-bias": ["clean_acc", "shape_bias", "conflict_shape_acc", "conflict_texture_acc"]}
+           "shape-bias": ["clean_acc", "shape_bias", "conflict_shape_acc", "conflict_texture_acc"],
+           "pointcloud": ["miou", "acc", "miou_large", "acc_large"]}
 CURVES = {"resolution": {"acc_vs_grid_zoom": "zoom", "acc_vs_grid_canvas": "canvas"}}
 SAME = {("acc_vs_grid_canvas", "8")}  # the training grid: the same scenes as zoom 8, not repeated
 
