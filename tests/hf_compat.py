@@ -3,8 +3,31 @@
 transformers 5.23 renamed ``gradient_checkpointing_enable/disable`` to ``activation_checkpointing_enable/
 disable`` (and their ``gradient_checkpointing_kwargs`` argument); the tests use whichever the installed
 release has, so the same checks run at the oldest supported release and the newest. The checkpointed-training
-check every family runs lives here once too, built on them.
+check every family runs lives here once too, built on them, with the two model helpers every family's
+fixtures share (a tiny random model set up to generate; a model restored after a test).
 """
+from ropekit.hf import is_patched, unpatch_model
+
+
+def ready_to_generate(model, pad: int, suppress):
+    """``model`` in eval mode, set up to generate from random weights: padding ``pad``, no end token (so every
+    sample runs to its length) and the placeholder tokens ``suppress`` never generated (a random model may emit
+    them, and each would need pixels or a grid of its own)."""
+    model = model.eval()
+    model.generation_config.pad_token_id = pad
+    model.generation_config.eos_token_id = None
+    model.generation_config.suppress_tokens = list(suppress)
+    return model
+
+
+def restore(model) -> None:
+    """``model`` as a test found it: unpatched, and its cached rope deltas (where its family keeps them)
+    cleared."""
+    if is_patched(model):
+        unpatch_model(model)
+    inner = getattr(model, "model", None)
+    if getattr(inner, "rope_deltas", None) is not None:
+        inner.rope_deltas = None
 
 
 def checkpointing_on(model, **kwargs) -> None:

@@ -20,9 +20,9 @@ import transformers as T
 
 import ropekit
 from ropekit import Image, Layout, Text
-from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
+from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models
 
-from hf_compat import assert_checkpointing_keeps_gradients
+from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
 from ropekit.hf.hooks import _lm_vision_inputs
 from test_hf_llava import pad_rows, reference_positions
 
@@ -216,11 +216,7 @@ def expected(name, inputs, layouts, design, extra=0, **options):
 
 def _seeded(build):
     torch.manual_seed(0)
-    m = build().eval()
-    m.generation_config.pad_token_id = PAD
-    m.generation_config.eos_token_id = None
-    m.generation_config.suppress_tokens = [IMG]  # a generated image token would need pixels of its own
-    return m
+    return ready_to_generate(build(), PAD, [IMG])
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -228,17 +224,14 @@ def fam(request):
     """(family name, a stock model); the model is unpatched after every test."""
     model = _seeded(FAMILIES[request.param].build)
     yield request.param, model
-    if is_patched(model):
-        unpatch_model(model)
+    restore(model)
 
 
 @pytest.fixture(autouse=True)
 def _unpatched_after(request):
     yield
     if "fam" in request.fixturenames:
-        model = request.getfixturevalue("fam")[1]
-        if is_patched(model):
-            unpatch_model(model)
+        restore(request.getfixturevalue("fam")[1])
 
 
 def _text_model(model):

@@ -20,9 +20,9 @@ import transformers as T
 
 import ropekit
 from ropekit import Image, Layout, Text, Video
-from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
+from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models
 
-from hf_compat import assert_checkpointing_keeps_gradients
+from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
 
 IMG, VID, PAD = 70, 71, 0
 DESIGNS = [d for d in ropekit.designs() if ropekit.get_design(d).allocation != "mhrope"]
@@ -126,11 +126,7 @@ BUILDERS = {name: f.build for name, f in FAMILIES.items()}  # for tests/test_hf_
 
 def _seeded(build):
     torch.manual_seed(0)
-    m = build().eval()
-    m.generation_config.pad_token_id = PAD
-    m.generation_config.eos_token_id = None
-    m.generation_config.suppress_tokens = [IMG, VID]  # a random model may emit them; they would need grids
-    return m
+    return ready_to_generate(build(), PAD, [IMG, VID])
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -138,18 +134,14 @@ def fam(request):
     """(family name, its spec, a stock model); the model is unpatched after every test."""
     model = _seeded(FAMILIES[request.param].build)
     yield request.param, FAMILIES[request.param], model
-    if is_patched(model):
-        unpatch_model(model)
+    restore(model)
 
 
 @pytest.fixture(autouse=True)
 def _unpatched_after(request):
     yield
     if "fam" in request.fixturenames:
-        model = request.getfixturevalue("fam")[2]
-        if is_patched(model):
-            unpatch_model(model)
-        model.model.rope_deltas = None
+        restore(request.getfixturevalue("fam")[2])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from transformers import LlavaConfig, LlavaForConditionalGeneration, Qwen2VLConf
 
 import ropekit
 from ropekit import Image, Layout, Text
-from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, unpatch_model
+from ropekit.hf import last_positions, layer_designs, patch_model, unpatch_model
 from ropekit.hf.adapters.llava import scaled_sections
 
-from hf_compat import checkpointed_gradients
+from hf_compat import checkpointed_gradients, ready_to_generate, restore
 
 IMG, PAD = 70, 0
 SIDE = 2  # image_size 4 / patch_size 2: 2x2 image tokens
@@ -40,11 +40,7 @@ def _config(tower="clip_vision_model", strategy="default", text="llama", layers=
 
 def _build(cfg):
     torch.manual_seed(0)
-    m = LlavaForConditionalGeneration(cfg).eval()
-    m.generation_config.pad_token_id = PAD
-    m.generation_config.eos_token_id = None
-    m.generation_config.suppress_tokens = [IMG]  # a generated image token would need an image of its own
-    return m
+    return ready_to_generate(LlavaForConditionalGeneration(cfg), PAD, [IMG])
 
 
 MODELS = {
@@ -58,8 +54,7 @@ MODELS = {
 def llava(request):
     m = _build(_config(**MODELS[request.param]))
     yield m
-    if is_patched(m):
-        unpatch_model(m)
+    restore(m)
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +67,7 @@ def _unpatched_after(request):
     yield
     for name in ("llava", "clip"):
         if name in request.fixturenames:
-            m = request.getfixturevalue(name)
-            if is_patched(m):
-                unpatch_model(m)
+            restore(request.getfixturevalue(name))
 
 
 SAMPLES = [[("T", 3), ("I",), ("T", 2), ("I",), ("T", 1)], [("T", 2), ("I",), ("T", 4)]]
@@ -420,13 +413,9 @@ def onevision():
         image_grid_pinpoints=[[2 * SIDE, 2 * SIDE], [2 * SIDE, 4 * SIDE]],
     )
     torch.manual_seed(0)
-    m = LlavaOnevisionForConditionalGeneration(cfg).eval()
-    m.generation_config.pad_token_id = PAD
-    m.generation_config.eos_token_id = None
-    m.generation_config.suppress_tokens = [IMG, 71]
+    m = ready_to_generate(LlavaOnevisionForConditionalGeneration(cfg), PAD, [IMG, 71])
     yield m
-    if is_patched(m):
-        unpatch_model(m)
+    restore(m)
 
 
 def _onevision_batch():

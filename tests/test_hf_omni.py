@@ -22,10 +22,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 
 import ropekit
 from ropekit import Audio, Image, Text, Video, VideoAudio
-from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models, unpatch_model
+from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models
 from ropekit.hf.boundary import UnsupportedTransformersError
 
-from hf_compat import assert_checkpointing_keeps_gradients
+from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
 from test_hf_families_3axis import _logits, assert_every_design_places_its_positions, reference_positions
 
 IMG, VID, AUD, V_START, V_END, A_START, A_END, PAD = 70, 71, 72, 73, 74, 75, 76, 0
@@ -99,23 +99,16 @@ def fam(request):
         pytest.skip(f"transformers {T.__version__}: the thinkers' pre-5.21 layout is refused, as "
                     f"test_thinkers_of_older_transformers_are_refused checks")
     torch.manual_seed(0)
-    m = FAMILIES[request.param].build().eval()
-    m.generation_config.pad_token_id = PAD
-    m.generation_config.eos_token_id = None
-    m.generation_config.suppress_tokens = SPECIAL  # a random model may emit them; they would need grids
+    m = ready_to_generate(FAMILIES[request.param].build(), PAD, SPECIAL)
     yield FAMILIES[request.param], m
-    if is_patched(m):
-        unpatch_model(m)
+    restore(m)
 
 
 @pytest.fixture(autouse=True)
 def _unpatched_after(request):
     yield
     if "fam" in request.fixturenames:
-        m = request.getfixturevalue("fam")[1]
-        if is_patched(m):
-            unpatch_model(m)
-        m.model.rope_deltas = None
+        restore(request.getfixturevalue("fam")[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
