@@ -15,10 +15,10 @@ import torch
 from ropekit import Audio, Image, Layout, Text, VideoAudio, positions
 from ropekit.layout import AUDIO, TEXT, VIDEO
 
-from test_tmrope import _audio_features  # the families' audio length formulas, searched backwards
+# the families' audio length formulas (searched backwards), get_rope_index bound to a small config, its token ids
+from test_tmrope import _audio_features, _reference, A_END, A_START, IMAGE, MERGE, RATE, V_END, V_START
+from test_tmrope import AUDIO as AUDIO_ID, VIDEO as VIDEO_ID
 
-import transformers.models.qwen2_5_omni.modeling_qwen2_5_omni as omni25
-import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe as omni3
 import transformers.models.qwen2_5_omni.processing_qwen2_5_omni as proc25
 import transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe as proc3
 # the references are the 5.21+ code (the processors' replace_video_with_audio_token appeared there, and the patch
@@ -26,23 +26,8 @@ import transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe as proc3
 pytestmark = pytest.mark.skipif(not hasattr(proc25.Qwen2_5OmniProcessor, "replace_video_with_audio_token"),
                                 reason="transformers before 5.21: the references used here are not in it")
 
-IMAGE, VIDEO_ID, AUDIO_ID, V_START, V_END, A_START, A_END = 901, 902, 903, 904, 905, 906, 907
-MERGE, RATE, CHUNK_SECONDS = 2, 25, 2
+CHUNK_SECONDS = 2  # the seconds_per_chunk of test_tmrope's reference config
 FAMILIES = {"2.5": ("floor", "chunks"), "3": ("exact", "time")}
-
-
-def _reference(family):
-    """An object with the family's ``get_rope_index`` (and the helpers it calls) bound to a small config."""
-    cls = (omni25.Qwen2_5OmniPreTrainedModelForConditionalGeneration if family == "2.5"
-           else omni3.Qwen3OmniMoePreTrainedModelForConditionalGeneration)
-    ref = type("Reference", (), {name: getattr(cls, name) for name in
-                                 ("get_rope_index", "get_llm_pos_ids_for_vision", "get_chunked_index")})()
-    ref.config = SimpleNamespace(image_token_id=IMAGE, video_token_id=VIDEO_ID, audio_token_id=AUDIO_ID,
-                                 vision_start_token_id=V_START, audio_start_token_id=A_START,
-                                 position_id_per_seconds=RATE, seconds_per_chunk=CHUNK_SECONDS,
-                                 audio_config=SimpleNamespace(n_window=50))
-    ref.spatial_merge_size = MERGE
-    return ref
 
 
 def _processor_block(family, t, h, w, n, seconds):
