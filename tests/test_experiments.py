@@ -84,6 +84,42 @@ def test_four_verdicts_from_an_interval():
     assert verdict_from_interval(-0.015, 0.012, None) == "inconclusive"
 
 
+def test_a_decided_effect_smaller_than_delta_is_said_to_be(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from ropekit.experiments.base import Claim
+    from ropekit.experiments.stats import below_delta, verdict_text
+    from ropekit.report import experiments as rexp
+
+    def rec(verdict, lo, hi, delta=0.02):
+        return {"verdict": verdict, "advantage_adjusted": {"lo": lo, "hi": hi}, "delta": delta}
+
+    assert verdict_text(rec("reproduced", 0.003, 0.018)) == "reproduced, smaller than δ"
+    assert verdict_text(rec("contradicted", -0.018, -0.001)) == "contradicted, smaller than δ"
+    assert verdict_text(rec("reproduced", 0.003, 0.021)) == "reproduced"  # may reach δ: may matter
+    assert verdict_text(rec("no effect", -0.01, 0.01)) == "no effect"  # says so already
+    assert not below_delta(rec("reproduced", 0.003, 0.018, delta=None))
+    # through the runner: a one-claim family whose per-seed gain is 0.010 ± 0.001 on every seed, δ = 0.02:
+    # the t-test rejects "no difference" (t = 0.010 / (0.000816 / 2) = 24.5 on 3 df), and the 95 % interval
+    # 0.010 ± 3.182 * 0.000408 lies inside (0, 0.02)
+    exp = SimpleNamespace(claims=(Claim("D", "d beats base", "Paper §4", "acc", "d", "base", delta=0.02,
+                                        delta_reason="accuracy"),))
+    base = [0.50, 0.52, 0.48, 0.51]
+    runs = [{"design": d, "seed": s, "metrics": {"acc": base[i] + (0.010 + e if d == "d" else 0.0)}}
+            for d in ("base", "d") for i, (s, e) in enumerate(zip((1, 2, 3, 4), (0.0, 0.001, -0.001, 0.0)))]
+    claims = runner.verdicts(exp, runs)
+    assert claims[0]["verdict"] == "reproduced" and below_delta(claims[0])
+    agg = {"experiment": "fake", "preset": "standard", "seeds": 4, "seed_list": [1, 2, 3, 4], "claims": claims,
+           "metrics": {"base": {}, "d": {}}}
+    assert "smaller than delta" in runner.summary_table(agg)
+    assert "reproduced, smaller than δ" in rexp.claims_table([("fake", agg)])
+    figures = []
+    close = rexp.plt.close
+    monkeypatch.setattr(rexp.plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    rexp.plot_forest(agg, tmp_path / "forest.png", "fake")
+    assert [t.get_text() for t in figures[-1].axes[0].texts] == ["reproduced, smaller than δ"]
+
+
 def test_adjusted_verdicts_hold_the_family_wise_level():
     # claim 0 alone would be reproduced (p = 0.0028 for the sleep data); claim 1 has p between 0.05/2 and 0.05
     sleep = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ropekit.experiments.stats import verdict_text
+
 HERE = Path(__file__).resolve().parent
 SCALARS = {"crossmodal": ["acc", "cell_spread", "acc_long_gap", "acc_large_grid", "acc_multi"],
            "video": ["cell_spread", "boundary_acc", "acc_longest"], "resolution": [], "isotropy": ["acc", "angle_spread"],
@@ -86,7 +88,7 @@ def tables(agg: dict) -> str:
                      f"{c['delta']:g} | {c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
                      f"{c['baseline_mean']:.3f} | {a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}] | "
                      f"[{b['lo']:+.3f}, {b['hi']:+.3f}] ({100 * c['adjusted_level']:.1f} %), {c['p_holm']:.3g} | "
-                     f"**{c['verdict']}** ({c['verdict_unadjusted']}){more} | {rep} |")
+                     f"**{verdict_text(c)}** ({c['verdict_unadjusted']}){more} | {rep} |")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .base import Experiment
 from .registry import get
-from .stats import ALPHA, adjusted_verdicts, mean_interval, paired_verdict, seeds_to_decide
+from .stats import ALPHA, adjusted_verdicts, below_delta, mean_interval, paired_verdict, seeds_to_decide
 from .train import TrainConfig, dist_info, train, train_stacked
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
@@ -544,6 +544,8 @@ def summary_table(agg: dict) -> str:
                      f"p {c['p']:.3g}, Holm {c['p_holm']:.3g}; delta {c['delta']:g}")
             if c.get("seeds_to_decide"):
                 line += f"; ~{c['seeds_to_decide']} seeds to decide"
+            if below_delta(c):
+                line += "; the whole adjusted interval is inside ±delta: real, but smaller than delta"
         line += ")"
         if c.get("replication"):
             r, ra = c["replication"], c["replication"]["advantage"]

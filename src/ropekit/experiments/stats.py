@@ -196,6 +196,21 @@ def verdict_from_interval(lo: float, hi: float, delta: float | None) -> str:
     return "inconclusive"
 
 
+def below_delta(claim: dict) -> bool:
+    """True when a claim record (``verdict``, ``advantage_adjusted``, ``delta``, as the runner writes them) has a
+    decided sign (reproduced or contradicted) but its whole adjusted interval inside (−δ, δ): the difference is
+    real, and smaller than the smallest effect of interest declared before the run. Its verdict stands; this
+    says how much it is worth."""
+    iv, delta = claim.get("advantage_adjusted"), claim.get("delta")
+    return (claim.get("verdict") in ("reproduced", "contradicted") and iv is not None and bool(delta)
+            and -delta < iv["lo"] and iv["hi"] < delta)
+
+
+def verdict_text(claim: dict) -> str:
+    """The claim's adjusted verdict as shown to a reader: ``"reproduced, smaller than δ"`` when ``below_delta``."""
+    return claim["verdict"] + (", smaller than δ" if below_delta(claim) else "")
+
+
 def _signed_diffs(a: Sequence[float], b: Sequence[float], better: str) -> list[float]:
     if better not in ("higher", "lower"):
         raise ValueError(f"`better` must be 'higher' or 'lower', got {better!r}")

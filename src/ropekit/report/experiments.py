@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..experiments.stats import verdict_text  # noqa: E402
 from ._html import table  # noqa: E402
 
 __all__ = ["experiments_section", "find_results", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars",
@@ -293,7 +294,7 @@ def plot_forest(agg: dict, path: Path, title: str) -> str:
                     ax.plot([b["lo"], b["hi"]], [y, y], color=colour, lw=1.2, solid_capstyle="butt")
                 ax.plot([a["lo"], a["hi"]], [y, y], color=colour, lw=4.5, alpha=0.55, solid_capstyle="butt")
                 ax.plot([a["mean"]], [y], marker="o" if which == "discovery" else "s", color=colour, ms=5)
-                tag = r["verdict"] if adj else f"{r['verdict']} (unadjusted)"
+                tag = verdict_text({**r, "delta": c.get("delta")}) if adj else f"{r['verdict']} (unadjusted)"
                 if which == "discovery" and rep:
                     tag += f"; {c['confirmation']}" if c.get("confirmation") else ""
                 spans.append((y, tag, colour))
@@ -347,7 +348,7 @@ def claims_table(entries: list[tuple[str, dict]]) -> str:
             if adj:
                 b = c["advantage_adjusted"]
                 adj_cell = f"[{b['lo']:+.3f}, {b['hi']:+.3f}] ({100 * c['adjusted_level']:.1f} %), Holm p {c['p_holm']:.3g}"
-                verdict = f"<b>{c['verdict']}</b> (unadjusted: {c['verdict_unadjusted']})"
+                verdict = f"<b>{verdict_text(c)}</b> (unadjusted: {c['verdict_unadjusted']})"
                 if c.get("seeds_to_decide"):
                     verdict += f"; ≈{c['seeds_to_decide']} seeds to decide"
             else:
@@ -371,7 +372,7 @@ def _verdicts(agg: dict) -> str:
         rows.append([c["id"], html.escape(c["claim"]), html.escape(c["source"]), f"<code>{c['metric']}</code> "
                      f"({c['better']} is better)", f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
                      f"{c['baseline_mean']:.3f}", f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}]",
-                     f"<b>{c['verdict']}</b>" + ("" if adjusted(agg) else " (unadjusted)")])
+                     f"<b>{verdict_text(c)}</b>" + ("" if adjusted(agg) else " (unadjusted)")])
     return table(["id", "claim", "paper", "metric", "means", "advantage (95 % CI)", "verdict"], rows)
 
 
