@@ -613,3 +613,28 @@ def test_out_is_refused_with_the_argument_named():
     with torch.no_grad():
         apply_rotary_qk_fused(qg, k, cos, sin, out=good)
     assert torch.equal(good[0], apply_rotary_qk(q, k, cos, sin)[0])
+
+
+@pytest.mark.parametrize("compiled", [None, False, True])
+def test_out_without_elements_is_accepted_like_the_call_without_out(compiled):
+    """A zero-element output has no elements that could share memory, whatever its strides (an expanded
+    or zero-stride view of nothing): ``out=`` takes it and returns what the call without ``out`` returns
+    (the eager reference's empty result), in place too."""
+    for B, H, L in ((0, 3, 5), (2, 0, 5), (2, 3, 0)):
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, cos, sin = _inputs(dtype, B=B, Hq=H, Hk=H, L=L)
+            shape = q.shape
+            want = apply_rotary_qk(q, k, cos, sin)
+            assert torch.equal(apply_rotary_qk_fused(q, k, cos, sin, compiled=compiled)[0], want[0])
+            for make in (lambda: torch.empty(shape, dtype=dtype),
+                         lambda: torch.empty_strided(shape, (0,) * len(shape), dtype=dtype),
+                         lambda: torch.empty((1, *shape[1:]), dtype=dtype).expand(shape)):
+                outs = (make(), make())
+                got = apply_rotary_qk_fused(q, k, cos, sin, compiled=compiled, out=outs)
+                assert got[0] is outs[0] and got[1] is outs[1]
+                for g, w in zip(got, want):
+                    assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)
+                one = make()
+                assert apply_rotary_fused(q, cos, sin, compiled=compiled, out=one) is one
+            got = apply_rotary_qk_fused(q, k, cos, sin, compiled=compiled, out=(q, k))
+            assert got[0] is q and got[1] is k

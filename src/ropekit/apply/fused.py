@@ -421,7 +421,10 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _self_overlapping(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` share memory (an expanded view); decided from the strides: sorted by
-    stride, each must exceed the reach of the smaller ones (torch's own check gives up on permuted views)."""
+    stride, each must exceed the reach of the smaller ones (torch's own check gives up on permuted views).
+    A tensor without elements has none to share, whatever its strides (an expanded zero-size view)."""
+    if t.numel() == 0:
+        return False
     reach = 0
     for st, n in sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1):
         if st <= reach:
