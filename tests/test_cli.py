@@ -106,6 +106,9 @@ BAD = {
     "viz sim2d huge num-samples": ["viz", "sim2d", "--num-samples", "10000000"],
     "viz sim3d huge grid": ["viz", "sim3d", "--grid-size", "100000"],
     "viz sim3d many slices": ["viz", "sim3d", "--slice-coords", *map(str, range(100))],
+    "viz sim3d slice outside the grid": ["viz", "sim3d", "--slice-coords", "100"],
+    "viz sim3d full-width digit": ["viz", "sim3d", "--slice-coords", "１０"],
+    "positions full-width digit": ["positions", "T３"],
     "viz proj huge num-vectors": ["viz", "proj", "--num-vectors", "1000000000"],
     "experiment bad preset": ["experiment", "--preset", "huge"],
 }
@@ -184,6 +187,11 @@ def test_bad_input_messages_say_what_is_wrong(tmp_path, capsys):
                            ("viz sim2d huge grid", "`grid_size`² (100000²) × (`d_head`/2 + 3 = 515) = 5150000000000"),
                            ("viz sim2d huge num-samples", "× `num_samples` (10000000) ="),
                            ("viz sim3d many slices", "100 slices"),
+                           ("viz sim3d slice outside the grid", "--slice-coords: 100 is outside the grid"),
+                           ("viz sim3d full-width digit", "argument --slice-coords: '１０' holds the non-ASCII digit"),
+                           ("positions full-width digit", "argument layout: 'T３' holds the non-ASCII digit '３' "
+                                                          "(FULLWIDTH DIGIT THREE); write numbers with the ASCII "
+                                                          "digits 0-9, e.g. 'T3'"),
                            ("viz proj huge num-vectors", "`num_vectors` = 1000000000")]:
         try:
             main(_args(case, tmp_path))
@@ -254,3 +262,72 @@ def test_designs_columns_align(capsys):
         for s in starts[1:]:  # every column starts where its heading does, after a space
             assert row[s - 1] == " " and row[s] != " ", (row, s)
         assert row.split()[0] in ropekit.designs()
+
+
+# ------------------------------------------------------------------------- digits, and where outputs are written
+
+
+def _non_ascii_digits() -> list[str]:
+    """Every character Python's str.isdigit() accepts besides 0-9 (full-width, Arabic-Indic, superscripts, ...)."""
+    return [chr(i) for i in range(0x80, 0x110000) if chr(i).isdigit()]
+
+
+def test_layouts_with_non_ascii_digits_are_refused_everywhere(capsys):
+    """int() and a Unicode regex read '３' as 3, so 'T３' was the layout T3. Every non-ASCII digit is refused by
+    Layout.parse (in any segment kind), and by the commands' layout arguments, with the ASCII spelling."""
+    from ropekit.layout import Layout
+
+    digits = _non_ascii_digits()
+    assert len(digits) > 300 and "３" in digits and "٣" in digits and "²" in digits
+    for d in digits:
+        for text in (f"T{d}", f"T2 I{d}x2", f"V2x2x{d}+A4:time", f"A{d}", f"G2x{d}"):
+            with pytest.raises(ValueError, match="holds the non-ASCII digit"):
+                Layout.parse(text)
+    with pytest.raises(ValueError, match=r"segment 'I４x٤' holds the non-ASCII digit '４' \(FULLWIDTH DIGIT FOUR\); "
+                                         r"write sizes with the ASCII digits 0-9, e.g. 'I4x4'"):
+        Layout.parse("T3 I４x٤")
+    assert str(Layout.parse("T3 I4x4 V2x2x2+A4:time G2x3 A5")) == "T3 I4x4 V2x2x2+A4:time G2x3 A5"
+    for argv, option in ((["positions", "T３"], "layout"), (["ptd", "I２x2 T1"], "layout"),
+                         (["report", "--layout", "T3 I４x4"], "--layout")):
+        try:
+            main(argv)
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+        err = _one_error_line(capsys.readouterr().err)
+        assert f"argument {option}: " in err and "write numbers with the ASCII digits 0-9" in err
+
+
+@pytest.mark.parametrize("argv,option", [(["relative", "--trials", "８"], "--trials"),
+                                         (["viz", "proj", "--num-vectors", "１６"], "--num-vectors"),
+                                         (["viz", "proj", "--n-dims", "２"], "--n-dims"),
+                                         (["experiment", "--list", "--seeds", "３"], "--seeds"),
+                                         (["experiment", "--list", "--jobs", "２"], "--jobs")])
+def test_numbers_with_non_ascii_digits_are_refused_naming_the_option(argv, option, capsys):
+    assert int(argv[-1]) > 0, "int() alone would take it"
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert err.startswith(f"ropekit: error: argument {option}: {argv[-1]!r} holds the non-ASCII digit ")
+    assert f"e.g. '{int(argv[-1])}'" in err
+
+
+def test_every_output_option_creates_missing_folders_and_says_so(tmp_path, capsys):
+    """`positions --plot` and `viz --save-path` write into folders that do not exist yet, as `report --out` and
+    `experiment --out` do; each option's help says so."""
+    plot = tmp_path / "new" / "deeper" / "pos.png"
+    assert main(["positions", "T2 I2x2", "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = tmp_path / "other" / "folder" / "proj.png"
+    assert main(["viz", "proj", "--num-vectors", "8", "--save-path", str(fig)]) == 0
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    helps = {}
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if set(action.option_strings) & {"--out", "--plot", "--save-path"}:
+                helps[(parser.prog, action.option_strings[-1])] = action.help
+    assert {prog.split()[1] for prog, _ in helps} == {"report", "positions", "experiment", "viz"}
+    for key, text in helps.items():
+        assert "missing folders are created" in text, key

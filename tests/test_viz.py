@@ -149,3 +149,68 @@ def test_report_section(tmp_path):
     assert all(abs(v["r=16"]["axis_bias"]) < axial / 2 for k, v in rings.items() if not k.startswith("axial"))
     # golden-angle directions are the most even on the circle
     assert metrics["largest_gap_2d"]["golden"] == min(metrics["largest_gap_2d"].values())
+
+
+def _grid_holds(z, grid_size):
+    """Whether Δ(axis 2) = z lies between the offsets of the first and last token of a grid_size³ grid,
+    counted from its centre token ``grid_size // 2`` (token positions 0 .. grid_size - 1)."""
+    centre = grid_size // 2
+    return 0 - centre <= z <= (grid_size - 1) - centre
+
+
+def test_sim3d_refuses_slices_outside_the_grid(tmp_path, capsys):
+    """A slice beyond the grid's last token along axis 2 shows offsets the grid does not have: refused, naming
+    the offsets allowed and the smallest grid that holds every slice (found here by trying each size)."""
+    from ropekit.analysis.nd_figures import check_slices_in_grid
+
+    for grid in range(1, 14):
+        for z in (-7, -6.5, -3, -2.5, -1, -0.5, 0, 0.5, 1, 2.5, 3, 6, 6.5, 7):
+            if _grid_holds(z, grid):
+                check_slices_in_grid([z], grid)
+                continue
+            smallest = next(g for g in range(grid + 1, 100) if _grid_holds(z, g))
+            with pytest.raises(ValueError, match=rf"`slice_coords`: {z:g} is outside the grid: a `grid_size` of "
+                                                 rf"{grid} holds .* or a `grid_size` of at least {smallest}$"):
+                check_slices_in_grid([z, 0], grid)
+    with pytest.raises(ValueError, match="`slice_coords`: 4 is outside the grid"):
+        plot_sim3d(12, 7, [0, 4], "sobol", tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+    # the command line names its own options, and writes nothing
+    png = tmp_path / "s.png"
+    status = _cli_main(["viz", "sim3d", "--d-head", "12", "--grid-size", "8", "--slice-coords", "0", "-5", "3.5",
+                        "--save-path", str(png)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and not png.exists()
+    assert err == ("ropekit: error: --slice-coords: -5, 3.5 are outside the grid: a --grid-size of 8 holds Δ(axis 2) "
+                   "offsets from -4 to 3 around the centre token; give --slice-coords in that range, or a "
+                   "--grid-size of at least 10")
+    # the default slices (-10 0 10) need a grid of 21 tokens per axis
+    assert _cli_main(["viz", "sim3d", "--d-head", "12", "--grid-size", "20", "--save-path", str(png)]) == 2
+    assert "--slice-coords: 10 is outside" in capsys.readouterr().err and not png.exists()
+    assert _cli_main(["viz", "sim3d", "--d-head", "12", "--grid-size", "21", "--save-path", str(png)]) == 0
+    assert png.exists()
+
+
+def _cli_main(argv):
+    from ropekit.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.mark.parametrize("option,value", [("--slice-coords", "１０"), ("--slice-coords", "-٣"), ("--grid-size", "３"),
+                                          ("--d-head", "１２"), ("--base", "１e4"), ("--num-samples", "४"),
+                                          ("--seed", "０")])
+def test_viz_numbers_with_non_ascii_digits_are_refused(option, value, tmp_path, capsys):
+    """float() and int() read any Unicode decimal digit ('１０' is 10.0); the options take ASCII digits only and
+    say which digit to retype, instead of silently drawing a figure."""
+    png = tmp_path / "s.png"
+    assert float(value) == float(value.translate({ord(c): str(int(c)) for c in value if c.isdigit()}))
+    status = _cli_main(["viz", "sim3d", "--d-head", "12", "--grid-size", "21", option, value,
+                        "--save-path", str(png)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and not png.exists()
+    assert err.startswith(f"ropekit: error: argument {option}: {value!r} holds the non-ASCII digit ")
+    assert "write numbers with the ASCII digits 0-9" in err

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Sequence
 
@@ -40,10 +42,52 @@ def _say(message: str) -> None:
     print("ropekit: error: " + " ".join(str(message).split()), file=sys.stderr)
 
 
+def _ascii_digits(text: str) -> str:
+    """``text`` if its digits are ASCII 0-9, else ArgumentTypeError naming the first other digit and the text
+    with ASCII digits: Python's int(), float() and regular expressions read any Unicode decimal digit (``３``,
+    ``٣``) as its value, so ``T３`` would silently be ``T3``; a number typed with another script's digits is
+    more likely a mistake (an input method left in full-width mode) than a wish."""
+    odd = [c for c in text if c.isdigit() and not c.isascii()]
+    if odd:
+        fixed = "".join(str(unicodedata.digit(c)) if c in odd and unicodedata.digit(c, None) is not None else c
+                        for c in text)
+        name = unicodedata.name(odd[0], f"U+{ord(odd[0]):04X}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} holds the non-ASCII digit {odd[0]!r} ({name}); write numbers with the ASCII digits 0-9"
+            + (f", e.g. {fixed!r}" if fixed != text and fixed.isascii() else ""))
+    return text
+
+
+def _int_arg(text: str) -> int:
+    """argparse type: an integer written with ASCII digits."""
+    try:
+        return int(_ascii_digits(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _finite_float_arg(text: str) -> float:
+    """argparse type: a finite number written with ASCII digits."""
+    try:
+        value = float(_ascii_digits(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _layout_arg(text: str) -> str:
+    """argparse type: a layout string (read by :meth:`ropekit.layout.Layout.parse` when the command runs), its
+    sizes written with ASCII digits."""
+    return _ascii_digits(text)
+
+
 def _int_in(low: int, high: int):
     """argparse type: an int in ``[low, high]`` (bounds keep the work a command does finite)."""
 
     def parse(text: str) -> int:
+        _ascii_digits(text)
         try:
             value = int(text)
         except ValueError:
@@ -227,8 +271,10 @@ def _cmd_viz_sim2d(args: argparse.Namespace) -> int:
 
 
 def _cmd_viz_sim3d(args: argparse.Namespace) -> int:
-    from .analysis.nd_figures import plot_sim3d
+    from .analysis.nd_figures import MAX_SLICES, check_slices_in_grid, plot_sim3d
 
+    if len(args.slice_coords) <= MAX_SLICES:  # more slices than a figure shows: plot_sim3d says so
+        check_slices_in_grid(args.slice_coords, args.grid_size, option="--slice-coords", grid_option="--grid-size")
     path = _figure_path(args.save_path, f"rope_sim3d_{args.sampling_method}.png")
     out = plot_sim3d(args.d_head, args.grid_size, args.slice_coords, args.sampling_method, path,
                      args.num_samples, base=args.base, seed=args.seed)
@@ -246,27 +292,28 @@ def _add_viz_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
     def common(p: argparse.ArgumentParser, default: str) -> None:
         p.add_argument("--sampling-method", choices=METHODS, default="sobol",
                        help="direction generator (default: sobol)")
-        p.add_argument("--seed", type=int, default=0, help="seed for sobol/uniform/random (default: 0)")
+        p.add_argument("--seed", type=_int_arg, default=0, help="seed for sobol/uniform/random (default: 0)")
         p.add_argument("--save-path", default=None, metavar="PNG",
-                       help=f"PNG file to write, or a folder to write {default} into (default: {default} "
-                            "in the current folder)")
+                       help=f"PNG file to write, or a folder to write {default} into; missing folders are "
+                            f"created (default: {default} in the current folder)")
 
     p = sub.add_parser("proj", help="direction distribution on S^1 / S^2 vs a normalised-Gaussian reference")
-    p.add_argument("--n-dims", type=int, choices=(2, 3), default=2, help="2 (circle) or 3 (sphere) (default: 2)")
-    p.add_argument("--num-vectors", type=int, default=256, help="directions to draw (default: 256)")
+    p.add_argument("--n-dims", type=_int_arg, choices=(2, 3), default=2, help="2 (circle) or 3 (sphere) (default: 2)")
+    p.add_argument("--num-vectors", type=_int_arg, default=256, help="directions to draw (default: 256)")
     common(p, "rope_proj_<n-dims>d_<method>.png")
     p.set_defaults(func=_cmd_viz_proj)
 
     for name, dims, grid in (("sim2d", 2, 64), ("sim3d", 3, 32)):
         s = sub.add_parser(name, help=f"{dims}-D similarity kernel of the centre token vs the grid")
-        s.add_argument("--d-head", type=int, default=1024, help="rotary head dimension (default: 1024)")
-        s.add_argument("--grid-size", type=int, default=grid, help=f"tokens per axis (default: {grid})")
-        s.add_argument("--num-samples", type=int, default=None,
+        s.add_argument("--d-head", type=_int_arg, default=1024, help="rotary head dimension (default: 1024)")
+        s.add_argument("--grid-size", type=_int_arg, default=grid, help=f"tokens per axis (default: {grid})")
+        s.add_argument("--num-samples", type=_int_arg, default=None,
                        help="Monte-Carlo over N random q instead of the exact expectation (default: exact)")
-        s.add_argument("--base", type=float, default=10000.0, help="RoPE base of the magnitudes (default: 10000)")
+        s.add_argument("--base", type=_finite_float_arg, default=10000.0, help="RoPE base of the magnitudes (default: 10000)")
         if dims == 3:
-            s.add_argument("--slice-coords", type=float, nargs="+", default=[-10.0, 0.0, 10.0],
-                           help="offsets along axis 2 of the slices (default: -10 0 10)")
+            s.add_argument("--slice-coords", type=_finite_float_arg, nargs="+", default=[-10.0, 0.0, 10.0],
+                           help="offsets along axis 2 of the slices, within the grid: from -(grid size // 2) to "
+                                "grid size - 1 - grid size // 2 (default: -10 0 10)")
         common(s, f"rope_{name}_<method>.png")
         s.set_defaults(func=_cmd_viz_sim2d if dims == 2 else _cmd_viz_sim3d)
     return viz
@@ -327,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("report", help="write the HTML report of every design and family")
-    r.add_argument("--out", default="report", help="output folder (created if missing)")
+    r.add_argument("--out", default="report", help="output folder (missing folders are created)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--layout", default=None,
+    r.add_argument("--layout", type=_layout_arg, default=None,
                    help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'")
     r.add_argument("--designs", default=None,
                    help="comma-separated designs to show, e.g. circle,mrope,vrope (default: every design)")
@@ -339,18 +386,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_report)
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")
-    ps.add_argument("layout", help="e.g. 'T3 I4x4 T2' or 'T5 V8x3x3 T1'")
+    ps.add_argument("layout", type=_layout_arg, help="e.g. 'T3 I4x4 T2' or 'T5 V8x3x3 T1'")
     ps.add_argument("--design", default="mrope", help="position design (see `ropekit designs`)")
     ps.add_argument("-o", "--option", type=_option, action="append", default=[],
                     help="design option name=value (repeatable), e.g. -o alpha=0.3 -o radius=\"auto\"")
     ps.add_argument("--json", action="store_true",
                     help="print {layout, design, positions, token_types} as JSON instead of a table")
     ps.add_argument("--plot", default=None, metavar="PNG",
-                    help="also draw the positions (per token, and in position space) to this PNG file")
+                    help="also draw the positions (per token, and in position space) to this PNG file; "
+                         "missing folders are created")
     ps.set_defaults(func=_cmd_positions)
 
     pt = sub.add_parser("ptd", help="Per-Token Distance of a layout under each design")
-    pt.add_argument("layout", nargs="?", default="I3x3 T5",
+    pt.add_argument("layout", nargs="?", type=_layout_arg, default="I3x3 T5",
                     help="layout string: T{n} text, I{h}x{w} image, V{t}x{h}x{w}[@interval] video")
     pt.add_argument("--design", action="append", help="design to measure, repeatable (default: every design)")
     pt.add_argument("--json", action="store_true", help="print {layout, ptd: {design: value}} as JSON")
@@ -371,17 +419,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", nargs="?", help="experiment name (see --list)")
     ex.add_argument("--list", action="store_true", help="say what each experiment tests and which claim it probes")
     ex.add_argument("--designs", help="comma-separated designs (default: the experiment's own list)")
-    ex.add_argument("--seeds", type=int, default=None,
+    ex.add_argument("--seeds", type=_int_arg, default=None,
                     help="seeds per design (default: the preset's; 3 for quick, 1 for micro)")
-    ex.add_argument("--seed-start", type=int, default=0,
+    ex.add_argument("--seed-start", type=_int_arg, default=0,
                     help="first seed: seeds are START .. START+SEEDS-1 (default: 0)")
     ex.add_argument("--replicate", action="store_true",
                     help="also train a disjoint replication seed set (the same seeds + 10000) and report each "
                          "claim as confirmed only when the replication agrees")
-    ex.add_argument("--batch-seeds", type=int, default=None,
+    ex.add_argument("--batch-seeds", type=_int_arg, default=None,
                     help="train up to this many seeds of a design together as one stacked ensemble "
                          "(default: the preset's choice; 1 = one run at a time)")
-    ex.add_argument("--variance", type=int, default=None, metavar="DRAWS",
+    ex.add_argument("--variance", type=_int_arg, default=None, metavar="DRAWS",
                     help="instead of a run: split each metric's variance into seed and evaluation-sample parts, "
                          "evaluating every model on DRAWS evaluation sets (seeds: --seeds, default 6), and check "
                          "that designs share training batches and evaluation inputs")
@@ -393,9 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "with --jobs 2 --threads 1 (as much again with --replicate); "
                          "full: a larger model for one GPU")
     ex.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
-    ex.add_argument("--out", default="experiments", help="output folder (default: experiments/)")
-    ex.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
-    ex.add_argument("--jobs", type=int, default=1,
+    ex.add_argument("--out", default="experiments",
+                    help="output folder; missing folders are created (default: experiments/)")
+    ex.add_argument("--threads", type=_int_arg, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    ex.add_argument("--jobs", type=_int_arg, default=1,
                     help="train this many groups of seeds at once in worker processes, each with --threads "
                          "threads (default: torch's threads divided among the jobs); CPU only; the same results "
                          "as one job. On 2 cores: --jobs 2 --threads 1")

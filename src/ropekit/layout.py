@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
@@ -351,11 +352,12 @@ class Grid:
 Segment = Union[Text, Image, Video, Audio, VideoAudio, Grid]
 _SEGMENTS = (Text, Image, Video, Audio, VideoAudio, Grid)
 
+# re.ASCII: \d is 0-9 only (by default it matches any Unicode decimal digit, which int() reads: 'T３' was T3)
 _TOKEN = re.compile(r"^(?:T(\d+)|I(\d+)x(\d+)|V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?|G(\d+(?:x\d+)*)"
-                    r"|A(\d+)(?:@([0-9.eE+-]+))?)$")
+                    r"|A(\d+)(?:@([0-9.eE+-]+))?)$", re.ASCII)
 
 
-_VIDEO_AUDIO = re.compile(r"^V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?\+A(\d+)(?::(?:(time)|chunks(\d+)?))?$")
+_VIDEO_AUDIO = re.compile(r"^V(\d+)x(\d+)x(\d+)(?:@([0-9.eE+-]+))?\+A(\d+)(?::(?:(time)|chunks(\d+)?))?$", re.ASCII)
 
 
 def _parse_video_audio(tok: str) -> "VideoAudio":
@@ -376,7 +378,22 @@ def _parse_video_audio(tok: str) -> "VideoAudio":
     return VideoAudio(int(t), int(h), int(w), int(n), "chunks", interval, None if chunk is None else int(chunk))
 
 
+def _check_ascii_digits(tok: str) -> None:
+    """Refuse a segment with digits other than 0-9 (full-width ``３``, Arabic-Indic ``٣``, ...), naming the digit
+    and the segment written with ASCII digits."""
+    odd = [c for c in tok if c.isdigit() and not c.isascii()]
+    if odd:
+        fixed = "".join(str(unicodedata.digit(c)) if c in odd and unicodedata.digit(c, None) is not None else c
+                        for c in tok)
+        raise ValueError(
+            f"Layout.parse: segment {tok!r} holds the non-ASCII digit {odd[0]!r} "
+            f"({unicodedata.name(odd[0], f'U+{ord(odd[0]):04X}')}); write sizes with the ASCII digits 0-9"
+            + (f", e.g. {fixed!r}" if fixed != tok and fixed.isascii() else "")
+        )
+
+
 def _parse_segment(tok: str) -> Segment:
+    _check_ascii_digits(tok)
     if "+A" in tok and tok.startswith("V"):
         return _parse_video_audio(tok)
     m = _TOKEN.match(tok)

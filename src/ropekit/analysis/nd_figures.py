@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
+from .._extras import require_matplotlib
 
-matplotlib.use("Agg")
+require_matplotlib("ropekit's N-D figures (ropekit.analysis.nd_figures, ropekit viz)")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
@@ -23,7 +23,7 @@ from .nd import check_int, grid_offsets, max_angular_gap, similarity_grid  # noq
 
 __all__ = ["draw_kernel", "plot_projections", "plot_sim2d", "plot_sim3d", "plot_kernel_maps",
            "plot_relative_kernels", "KERNEL_LABEL", "ROW_LABEL", "COL_LABEL", "check_kernel_work",
-           "MAX_EXACT_WORK", "MAX_SAMPLED_WORK", "MAX_SLICES", "MAX_VECTORS"]
+           "MAX_EXACT_WORK", "MAX_SAMPLED_WORK", "MAX_SLICES", "MAX_VECTORS", "check_slices_in_grid"]
 
 #: Sizes the figures refuse before allocating (raise them on purpose for bigger figures). The exact kernel
 #: holds one float64 angle per grid position and frequency pair: 2**26 of them are 512 MiB. The Monte-Carlo
@@ -81,6 +81,25 @@ def check_kernel_work(d_head: int, grid_size: int, num_samples: "int | None", sl
             f"d_head or num_samples"
         )
     return work
+
+
+def check_slices_in_grid(slice_coords: Sequence[float], grid_size: int, *, option: str = "`slice_coords`",
+                         grid_option: str = "`grid_size`") -> None:
+    """Refuse slice offsets outside the grid: a ``grid_size``³ grid holds no token there, so the slice would show
+    the kernel at offsets the grid does not have. The message names the offsets allowed and the grid size that
+    would hold every slice (``option``/``grid_option``: how the caller names the two arguments)."""
+    offsets = grid_offsets(grid_size)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    outside = [z for z in slice_coords if not lo <= z <= hi]
+    if outside:
+        # offset z >= 0 needs ceil(G/2) - 1 >= z, z < 0 needs floor(G/2) >= -z
+        need = max(2 * math.ceil(z) + 1 if z >= 0 else 2 * math.ceil(-z) for z in slice_coords)
+        raise ValueError(
+            f"{option}: {', '.join(f'{z:g}' for z in outside)} {'is' if len(outside) == 1 else 'are'} outside the "
+            f"grid: a {grid_option} of {grid_size} "
+            f"holds Δ(axis 2) offsets from {lo} to {hi} around the centre token; give {option} in that range, "
+            f"or a {grid_option} of at least {need}"
+        )
 
 
 def plot_projections(
@@ -192,6 +211,7 @@ def plot_sim3d(
         raise ValueError(f"`slice_coords` must be a non-empty list of finite Δz offsets, e.g. [-10, 0, 10]; "
                          f"got {slice_coords!r}")
     check_kernel_work(d_head, grid_size, num_samples, len(zs))
+    check_slices_in_grid(zs, grid_size)
     W = directional_matrix(d_head, 3, sampling_method, base=base, seed=seed, dtype=torch.float64)
     maps = {f"slice Δ(axis 2) = {z:g}": similarity_grid(W, grid_size, extra=(z,), num_samples=num_samples,
                                                          seed=seed) for z in zs}
