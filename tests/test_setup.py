@@ -1,6 +1,8 @@
 """The set-up a new user runs: which torch build `make` installs, and what each target installs."""
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,10 +10,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# what a calling make hands its recipes: its flags and command-line variables (MAKEFLAGS, MAKEOVERRIDES), its depth
+_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "GNUMAKEFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR")
+
+
+def _makefile_variables() -> set[str]:
+    """The variables the Makefile assigns (``NAME ?= ...``, ``NAME := ...``, ...)."""
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^(?:override\s+|export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(?:\?|::?|\+|!)?=", text, re.M))
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without what would reach the Makefile from outside: under `make test
+    TORCH_VERSION=2.15.0` (the Makefile's documented override) make passes TORCH_VERSION=2.15.0 to this suite
+    both in MAKEFLAGS (which a nested make reads as its own command line) and as an environment variable (which
+    beats the Makefile's ``?=`` default), so the dry run would show the caller's choice, not the Makefile's."""
+    drop = set(_MAKE_ENV) | _makefile_variables()
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _recipe(target: str, *variables: str) -> str:
-    """The commands `make TARGET` would run from scratch (dry run: nothing is installed)."""
+    """The commands `make TARGET` would run from scratch (dry run: nothing is installed), with only
+    ``variables`` set from outside (whatever make or shell this suite runs under)."""
     done = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), target, *variables],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=_clean_env())
     return re.sub(r" +", " ", done.stdout)  # an empty variable leaves two spaces: count them as one
 
 
@@ -33,6 +55,21 @@ def test_torch_build_is_an_explicit_overridable_choice():
     assert 'pip install -q --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"' in cpu
     assert '"torch==2.12.0"' in _recipe("setup", "TORCH_VERSION=2.12.0")
     assert '"torch>=2.5"' in _recipe("setup", "TORCH_SPEC=torch>=2.5")
+
+
+def test_recipes_are_read_the_same_under_a_make_with_its_own_overrides(tmp_path):
+    """`make test TORCH_VERSION=2.15.0` runs this suite with TORCH_VERSION=2.15.0 in MAKEFLAGS and in the
+    environment; the dry runs above still see the Makefile's own defaults. Checked under a real make that
+    overrides every torch variable, with its jobserver flags too."""
+    outer = tmp_path / "outer.mk"
+    call = ("import sys; sys.path.insert(0, sys.argv[1]); import test_setup as t; "
+            "t.test_torch_build_is_an_explicit_overridable_choice(); print('same recipes')")
+    outer.write_text(f"check:\n\t{sys.executable} -c \"{call}\" {ROOT / 'tests'}\n")
+    done = subprocess.run(["make", "-j2", "-f", str(outer), "check", "TORCH_VERSION=2.15.0",
+                           "TORCH_SPEC=torch==2.15.0", "TORCH_INDEX_URL=https://example.invalid/whl", "PYTHON=nope"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "TORCH_VERSION": "2.0.0"})
+    assert done.returncode == 0 and "same recipes" in done.stdout, done.stdout + done.stderr
+    assert {"TORCH_VERSION", "TORCH_SPEC", "TORCH_INDEX_URL", "PYTHON"} <= _makefile_variables()
 
 
 def test_hypothesis_is_a_test_dependency():
@@ -152,3 +189,17 @@ def test_compat_environments_and_lock_recipes():
     assert "> requirements/lock.txt.new" in lock and "> requirements/lock-floor.txt.new" in lock
     assert ' -c ' not in lock  # the lock is written from the newest releases, not from itself
     assert ".venv-compat" in _recipe("clean") and ".venv-lock" in _recipe("clean")
+
+
+def test_the_stated_torch_range_starts_at_the_torch_the_suite_is_locked_with():
+    """docs/development.md states the torch releases the suite is run with; the first is the Makefile's default
+    and the one the lock was written with, and both ends are releases at least as new as that."""
+    from packaging.version import Version
+
+    stated = re.search(r"\*\*Supported torch: ([\d.]+) to ([\d.]+)\*\*", (ROOT / "docs" / "development.md").read_text())
+    assert stated, "docs/development.md states the supported torch range"
+    low, high = stated.groups()
+    default = re.search(r"^TORCH_VERSION \?= ([\d.]+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    locked_with = re.search(r"torch ([\d.]+)(?:\+\w+)?, ", LOCK.read_text()).group(1)
+    assert low == default == locked_with
+    assert Version(low) < Version(high)
