@@ -20,8 +20,10 @@ TORCH_FROM := $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
-# one stamp per install step: demo needs only the package; test and bench add their extras
+# one stamp per install step: the package; demo and the experiments add the report extra (matplotlib);
+# test and bench add their extras
 BASE_STAMP := $(VENV)/.ropekit-base
+REPORT_STAMP := $(VENV)/.ropekit-report
 TEST_STAMP := $(VENV)/.ropekit-test
 BENCH_STAMP := $(VENV)/.ropekit-bench
 
@@ -57,6 +59,10 @@ $(BASE_STAMP): pyproject.toml $(LOCK)
 	$(PIP) -e . -c $(CONSTRAINTS)
 	touch $@
 
+$(REPORT_STAMP): $(BASE_STAMP) pyproject.toml
+	$(PIP) -e ".[report]" -c $(CONSTRAINTS)
+	touch $@
+
 $(TEST_STAMP): $(BASE_STAMP) pyproject.toml
 	$(PIP) -e ".[test]" -c $(CONSTRAINTS)
 	touch $@
@@ -69,7 +75,7 @@ $(BENCH_STAMP): $(BASE_STAMP) pyproject.toml
 setup: $(BASE_STAMP)
 
 # the report of the built-in checks, no training: report/index.html
-demo: $(BASE_STAMP)
+demo: $(REPORT_STAMP)
 	$(VENV)/bin/ropekit report --out report/
 
 # the whole suite, with the locked transformers (what CI runs first)
@@ -78,7 +84,7 @@ test: $(TEST_STAMP)
 
 # quick preset of every experiment (3 seeds each; a few-minute look per experiment on 2 CPU cores, not sized to
 # decide the claims), then the report
-experiments: $(BASE_STAMP)
+experiments: $(REPORT_STAMP)
 	$(VENV)/bin/ropekit experiment crossmodal --preset quick --jobs 2 --threads 1 --out experiments/
 	$(VENV)/bin/ropekit experiment video --preset quick --jobs 2 --threads 1 --out experiments/
 	$(VENV)/bin/ropekit experiment resolution --preset quick --jobs 2 --threads 1 --out experiments/
@@ -89,7 +95,7 @@ experiments: $(BASE_STAMP)
 # standard preset of every experiment with its replication (seeds and evaluation sizes from the measured variance
 # budget in docs/experiments.md; about an hour per experiment and as much again for the replication, on 2 CPU
 # cores; resumable: rerun to continue), then the report
-experiments-standard: $(BASE_STAMP)
+experiments-standard: $(REPORT_STAMP)
 	for name in crossmodal video resolution isotropy shape-bias pointcloud; do \
 	  $(VENV)/bin/ropekit experiment $$name --preset standard --jobs 2 --threads 1 --replicate --out experiments-standard/ || exit 1; \
 	done

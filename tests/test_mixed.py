@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ropekit import apply_rotary, cos_sin
-from ropekit.rotations.mixed import MixedFrequencies, mixed_init
+from ropekit.apply.mixed import MixedFrequencies
+from ropekit.rotations.mixed import mixed_init
 
 
 def _rope_vit_style(angle, dim, theta=10.0):

@@ -1,8 +1,9 @@
-"""The README's and the docs' examples run as written and show what they print.
+"""The README: its first screen shows a researcher's own model, its examples run and show what they print, and
+its command lines parse.
 
-Python blocks run in one namespace per file, as in a notebook (the README's Hugging Face block builds a
-tiny random model from a config, so it runs offline too). A line ending in ``# → VALUE`` must evaluate to
-exactly that repr. The command-line lines must parse with the real parser.
+Every Python block of the README and of docs/*.md runs alone in a fresh interpreter (tests/test_docs.py, through
+tests/doc_blocks.py); here, what the README's blocks show: a line ending in ``# → VALUE`` must evaluate to
+exactly that repr (checked on every page), and the Hugging Face block, built from a tiny config, ran offline.
 """
 import ast
 import re
@@ -11,37 +12,57 @@ from pathlib import Path
 
 import pytest
 
+import doc_blocks
 from ropekit.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+FIRST_SCREEN = 40  # lines
 
 
 def _blocks(path: Path, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", path.read_text(), flags=re.S)
+    return [b.source for b in doc_blocks.blocks(path) if b.language == language]
 
 
-def _run(path: Path) -> dict[str, object]:
-    """Run the file's Python blocks statement by statement; the value of each expression line by its text."""
-    namespace: dict = {}
+def _shown(path: Path) -> dict:
+    """``{first source line: value}`` of every top-level expression of the page's blocks, as they ran."""
+    results = doc_blocks.run_all()
     shown = {}
-    for block in _blocks(path, "python"):
-        lines = block.splitlines()
-        for node in ast.parse(block).body:
-            if isinstance(node, ast.Expr):
-                shown[lines[node.lineno - 1]] = eval(compile(ast.Expression(node.value), str(path), "eval"), namespace)
-            else:
-                exec(compile(ast.Module([node], type_ignores=[]), str(path), "exec"), namespace)
+    for chain in doc_blocks.chains(path):
+        result = results[chain[0].where]
+        assert result["ok"], f"{chain[0].where} failed:\n{result['error']}"
+        shown.update({line: value for line, (value, _) in result["shown"].items()})
     return shown
 
 
+def test_first_screen_loads_patches_trains_saves_and_restores_a_pretrained_model():
+    top = "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
+    first = doc_blocks.blocks(README)[0]
+    assert first.language == "python" and first.line < FIRST_SCREEN, "the README opens with a Python block"
+    assert first.source in top + "\n", f"the first block ends within the first {FIRST_SCREEN} lines"
+    code = [ln for ln in first.source.splitlines() if ln.strip() and not ln.startswith(("import ", "from "))]
+    assert len(code) <= 10, "about ten lines"
+    assert first.no_run and first.word("twin"), "it loads from the hub: marked no-run, with a runnable twin"
+    steps = [c for c in doc_blocks.calls(first.source)]
+    names = [doc_blocks.callee(c) for c in steps]
+    assert names.count("from_pretrained") == 2 and "save_pretrained" in names
+    assert "backward" in names or "Trainer" in names, "it trains"
+    patches = [c for c in steps if doc_blocks.callee(c) == "patch_model"]
+    assert ast.unparse(patches[0]) == "ropekit.patch_model(model, 'circle', age='alternate')"
+    assert ast.unparse(patches[-1]) == "ropekit.patch_model(model)", "reloading restores the recorded patch"
+    assert names.index("save_pretrained") < len(names) - names[::-1].index("from_pretrained") - 1
+    assert re.search(r"Qwen2\.5-VL", first.source)
+    prose = top.split(first.source, 1)[1]
+    for said in ("AGE", "Alternating Geometry Encoding", "no design", "config.json"):
+        assert said in prose, f"the first screen explains {said!r}"
+
+
 def test_readme_examples_run_and_show_their_values():
-    shown = _run(README)
-    claims = {line: line.split("# →")[1].split(":")[0].strip() for line in shown if "# →" in line}
-    assert claims, "the README shows at least one value"
+    shown = _shown(README)
+    claims = [line for line in shown if "# →" in line]
+    assert len(claims) >= 3, "the README shows values"
     assert any("layer_designs(model)" in line for line in claims), "the Hugging Face block ran"
-    for line, value in claims.items():
-        assert repr(shown[line]) == value, line
+    # the values themselves: tests/test_docs.py checks every `# →` of every page
 
 
 def test_readme_command_lines_parse():
@@ -56,9 +77,9 @@ def test_readme_command_lines_parse():
 
 
 def test_relative_doc_example_runs_and_matches_its_comments():
-    shown = _run(ROOT / "docs" / "relative.md")
+    shown = _shown(ROOT / "docs" / "relative.md")
     by_comment = {line.split("#")[1].strip(): value for line, value in shown.items() if "#" in line}
     assert by_comment["≈ 18: not relative"] == pytest.approx(18, rel=0.25)
     assert by_comment["≈ 1e-5: float32 rounding"] < 1e-4
-    rows = by_comment["one row per family"]
-    assert all(r["exact"] == r["expected_exact"] for r in rows)
+    rows = next(v for c, v in by_comment.items() if c.startswith("one row per family"))
+    assert rows and all(r["exact"] == r["expected_exact"] for r in rows)

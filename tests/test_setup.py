@@ -37,10 +37,25 @@ def _recipe(target: str, *variables: str) -> str:
     return re.sub(r" +", " ", done.stdout)  # an empty variable leaves two spaces: count them as one
 
 
-def test_demo_installs_only_the_package():
+def test_demo_installs_the_package_and_its_report_extra_only():
     recipe = _recipe("demo")
     assert "pip install -q -e ." in recipe and "ropekit report" in recipe
-    assert ".[" not in recipe  # no extras: the test extra's triton alone is about 1 GB
+    # the report draws with matplotlib (the report extra); no other extra: the test extra's triton alone is ~1 GB
+    assert re.findall(r"\.\[[^]]*\]", recipe) == [".[report]"]
+    for target in ("experiments", "experiments-standard"):  # they end in `ropekit report`
+        assert 'pip install -q -e ".[report]"' in _recipe(target)
+
+
+def test_matplotlib_is_an_extra_not_a_core_dependency():
+    """The core needs torch and numpy only (tests/test_architecture.py); the report extra brings matplotlib, and
+    the test and bench extras include it so the suite and the benchmarks' figures run."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert sorted(req.split(">")[0] for req in project["dependencies"]) == ["numpy", "torch"]
+    extras = project["optional-dependencies"]
+    for extra in ("report", "test", "bench"):
+        assert any(req.startswith("matplotlib>=") for req in extras[extra]), extra
 
 
 def test_test_and_bench_add_their_extras():

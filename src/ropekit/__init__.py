@@ -16,13 +16,14 @@ from .age import age_schedule
 # 3. rotation families
 from .rotations import ALLOCATIONS, angles, frequency_matrix, inv_freq
 from .rotations.directional import directional_matrix, nd_directions
-from .rotations.mixed import MixedFrequencies, mixed_init
+from .rotations.mixed import mixed_init
 from .rotations.geope import GeoPERotation, channel_coefficients, geope_frequencies, geope_rotation
 from .rotations.scaling import scale_frequencies, scaled_inv_freq
 
 # 4. apply
 from .apply import apply_rotary, apply_rotary_fused, apply_rotary_qk, apply_rotary_qk_fused, cos_sin
 from .apply.geope import GeoPE, apply_geope, apply_geope_qk
+from .apply.mixed import MixedFrequencies
 from .apply.linear_geope import linear_geope_attention
 
 # all four stages in one object

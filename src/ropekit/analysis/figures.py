@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
+from .._extras import require_matplotlib
 
-matplotlib.use("Agg")
+require_matplotlib("ropekit's figures (ropekit.analysis.figures)")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 import torch  # noqa: E402

@@ -60,12 +60,12 @@ def _versions() -> dict:
 def _bar(label: str) -> Callable[[int, int, float], None]:
     """Training progress on stderr: a bar redrawn in place on a terminal, else a plain line every tenth of the
     run (a CI log or a file gets no ``\\r``)."""
-    from ..report.build import _is_terminal
+    from .._terminal import is_terminal
 
     t0 = time.time()
 
     def show(i: int, n: int, loss: float) -> None:
-        if not _is_terminal(sys.stderr):
+        if not is_terminal(sys.stderr):
             if i == n or i % max(1, n // 10) == 0:
                 sys.stderr.write(f"  {label}: step {i}/{n} loss {loss:.3f} {time.time() - t0:.1f}s\n")
                 sys.stderr.flush()

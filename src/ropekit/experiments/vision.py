@@ -27,7 +27,7 @@ from ..apply.geope import GeoPE
 from ..apply.linear_geope import linear_geope_attention
 from ..rope import DirectionalRoPE, RoPE
 from ..rotations.directional import METHODS
-from ..rotations.mixed import MixedFrequencies
+from ..apply.mixed import MixedFrequencies
 from .geope_sweep import geope_lambda
 from .models import cached_tables
 

@@ -37,7 +37,7 @@ from ..apply.geope import GeoPE, apply_geope
 from ..apply.planar import cos_sin
 from ..nn.learned import GRAPE, ComRoPE, LieRE
 from ..rope import DirectionalRoPE
-from ..rotations.mixed import MixedFrequencies
+from ..apply.mixed import MixedFrequencies
 from ..rotations.planar import angles, frequency_matrix
 from . import hooks
 from .boundary import Contract, check_all, check_version

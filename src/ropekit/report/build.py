@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .._terminal import is_terminal
+
 # (module, function) pairs; each is called as fn(out_dir, layout=..., designs=...) (None = the defaults)
 # and returns {"title": str, "html": str, "metrics": dict}
 SECTIONS: list[tuple[str, str]] = [
@@ -29,18 +31,10 @@ th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}
 """
 
 
-def _is_terminal(stream) -> bool:
-    """Whether ``stream`` is a terminal (a bar redrawn with ``\\r``), not a pipe, file or CI log (plain lines)."""
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
-        return False
-
-
 def _progress(i: int, n: int, label: str, t0: float, stream=None) -> None:
     """Step ``i`` of ``n`` on stderr: a bar redrawn in place on a terminal, else one plain line per step."""
     stream = sys.stderr if stream is None else stream  # looked up per call: sys.stderr may be replaced
-    if not _is_terminal(stream):
+    if not is_terminal(stream):
         stream.write(f"[{i}/{n}] {label} {time.time() - t0:.1f}s\n")
         stream.flush()
         return
