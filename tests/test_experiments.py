@@ -273,9 +273,13 @@ def test_micro_preset_end_to_end(tmp_path, name, designs, capsys):
     assert agg["claims"], "claims whose two designs ran get a verdict"
     for c in agg["claims"]:
         a = c["advantage"]
-        expected = ("reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else
+        # paired differences equal in every seed (both designs at the same chance value, say) measure no noise:
+        # "not informative", never "no effect" from a zero-width interval
+        expected = ("not informative" if len(set(c["differences"])) == 1 else
+                    "reproduced" if a["lo"] > 0 else "contradicted" if a["hi"] < 0 else
                     "no effect" if -c["delta"] < a["lo"] and a["hi"] < c["delta"] else "inconclusive")
         assert c["verdict_unadjusted"] == expected
+        assert (c["verdict"] == "not informative") == (expected == "not informative")
         b = c["advantage_adjusted"]  # the adjusted interval contains the unadjusted one
         assert b["lo"] <= a["lo"] and a["hi"] <= b["hi"]
     out = capsys.readouterr().out

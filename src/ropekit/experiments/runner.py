@@ -10,6 +10,7 @@ batch and rank 0 writes the files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -21,10 +22,12 @@ import torch
 
 from .base import Experiment
 from .registry import get
-from .stats import ALPHA, adjusted_verdicts, below_delta, mean_interval, paired_verdict, seeds_to_decide
+from .stats import (ALPHA, UNINFORMATIVE, adjusted_verdicts, below_delta, mean_interval, paired_verdict,
+                    seeds_to_decide)
 from .train import TrainConfig, dist_info, train, train_stacked
 
 __all__ = ["run_experiment", "read_runs", "aggregate", "verdicts", "step_costs", "default_designs", "summary_table",
+           "nonfinite_runs",
            "init_distributed", "seed_sets", "default_seeds", "attach_replication", "run_one", "run_group", "REPLICATION_OFFSET"]
 
 PRESETS = ("micro", "quick", "standard", "full")
@@ -97,10 +100,56 @@ def _rerun(path: Path) -> str:
     return "`ropekit experiment NAME --out DIR` with the same options (DIR/NAME holding this file)"
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bad_value(v) -> "str | None":
+    """Why a metric value is not one a run can hold (a number, a ``{condition: number}`` curve, or a nested list
+    of numbers, a heat map), or None when it is one. NaN and ±inf are numbers here: a run may yield them."""
+    if _number(v):
+        return None
+    if isinstance(v, dict):
+        bad = [x for x in v.values() if not _number(x)]
+        return None if not bad else f"a curve holding {bad[0]!r}, not a number"
+    if isinstance(v, list):
+        stack = list(v)
+        while stack:
+            x = stack.pop()
+            if isinstance(x, list):
+                stack.extend(x)
+            elif not _number(x):
+                return f"a grid holding {x!r}, not a number"
+        return None
+    return f"{v!r}, not a number"
+
+
+def _bad_record(rec: dict) -> "str | None":
+    """What is wrong with a run record whose keys are there (a field holding the wrong kind of value), or None."""
+    if not isinstance(rec["design"], str):
+        return f"its design is {rec['design']!r}, not a name"
+    if isinstance(rec["seed"], bool) or not isinstance(rec["seed"], int):
+        return f"its seed is {rec['seed']!r}, not an int"
+    if not isinstance(rec["config"], dict) or not isinstance(rec["config"].get("train"), dict):
+        return "its config is not a dict with a `train` dict"
+    metrics = rec.get("metrics", {})
+    if not isinstance(metrics, dict):
+        return f"its metrics are {metrics!r}, not a dict of metric values"
+    for key, v in metrics.items():
+        why = _bad_value(v)
+        if why is not None:
+            return f"metric {key!r} of {rec['design']} seed {rec['seed']} is {why}"
+    for key in ("steps", "train_s", "train_cpu_s", "first_step_s", "first_step_cpu_s"):
+        if key in rec and not _number(rec[key]):
+            return f"its {key} is {rec[key]!r}, not a number"
+    return None
+
+
 def _scan_runs(path: Path) -> tuple[list[dict], int, bytes, "tuple[int, str] | None"]:
     """``(records, end, rest, damaged)`` of a ``runs.jsonl``: its whole records, the byte offset just past the
     last of them, the bytes after that, and ``(line number, reason)`` of a damaged last line (None when there
-    is none). A damaged line with records after it raises a ``ValueError`` naming the file and the line."""
+    is none). A damaged line with records after it raises a ``ValueError`` naming the file and the line, and so
+    does a whole record holding a wrong value (a metric that is not a number, say): no crash writes that."""
     data = path.read_bytes()
     records, end, bad, start = [], 0, None, 0
     for number, raw in enumerate(data.split(b"\n"), 1):
@@ -122,6 +171,10 @@ def _scan_runs(path: Path) -> tuple[list[dict], int, bytes, "tuple[int, str] | N
         if not isinstance(rec, dict) or any(k not in rec for k in _RUN_KEYS):
             bad = (number, f"not a run record with {', '.join(_RUN_KEYS)}")
             continue
+        why = _bad_record(rec)
+        if why is not None:  # a whole line (valid JSON, every key): edited or damaged, not cut off by a crash
+            raise ValueError(f"'{path}' line {number} is not a valid run record: {why}; repair or delete line "
+                             f"{number} (a deleted run is trained again by the next {_rerun(path)})")
         records.append(rec)
         end = stop
     return records, end, data[end:], bad
@@ -286,13 +339,14 @@ def run_experiment(name: str, *, designs: list[str] | None = None, seeds: int | 
     runs = [done[(d, s)] for d in chosen for s in discovery]
     agg = {"format": 2, "experiment": name, "preset": preset, "seeds": len(discovery), "seed_list": discovery,
            "designs": chosen, "config": cfg, "hyperparameters": exp.hyperparameters_note, "metrics": aggregate(runs),
-           "claims": verdicts(exp, runs), "alpha": ALPHA, "cost": step_costs(runs), "versions": _versions(),
+           "claims": verdicts(exp, runs), "nonfinite_runs": nonfinite_runs(runs), "alpha": ALPHA,
+           "cost": step_costs(runs), "versions": _versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if replicate:
         rep_runs = [done[(d, s)] for d in chosen for s in replication]
         rep_claims = verdicts(exp, rep_runs)
         agg["replication"] = {"seeds": len(replication), "seed_list": replication, "metrics": aggregate(rep_runs),
-                              "claims": rep_claims}
+                              "claims": rep_claims, "nonfinite_runs": nonfinite_runs(rep_runs)}
         attach_replication(agg["claims"], rep_claims)
     if rank == 0:
         (folder / "aggregate.json").write_text(json.dumps(agg, indent=1))
@@ -424,36 +478,89 @@ def attach_replication(discovery: list[dict], replication: list[dict]) -> None:
     """Give each discovery claim its replication (same claim id, disjoint seeds) and a ``confirmation``:
     ``confirmed`` when the discovery verdict decided something (reproduced, contradicted, no effect) and the
     replication's adjusted verdict is the same, ``not confirmed`` when it decided something else or nothing,
-    ``nothing to confirm`` when the discovery was inconclusive."""
+    ``nothing to confirm`` when the discovery was inconclusive or not informative."""
     rep = {c["id"]: c for c in replication}
     for c in discovery:
         r = rep.get(c["id"])
         c["replication"] = None if r is None else {
-            k: r[k] for k in ("verdict", "verdict_unadjusted", "advantage", "advantage_adjusted", "p", "p_holm",
-                              "seeds", "design_mean", "baseline_mean")}
-        if r is None or c["verdict"] == "inconclusive":
+            **{k: r[k] for k in ("verdict", "verdict_unadjusted", "advantage", "advantage_adjusted", "p", "p_holm",
+                                 "seeds", "design_mean", "baseline_mean")},
+            **{k: r[k] for k in ("reason", "nonfinite_seeds") if k in r}}
+        if r is None or c["verdict"] in ("inconclusive", UNINFORMATIVE):
             c["confirmation"] = "nothing to confirm"
         else:
             c["confirmation"] = "confirmed" if r["verdict"] == c["verdict"] else "not confirmed"
 
 
+def _finite(v) -> bool:
+    return math.isfinite(v)
+
+
+def _interval_of(values: list, seeds: list) -> dict:
+    """:func:`mean_interval` of the finite values; the seeds whose value is NaN or ±inf (a diverged run, or a
+    metric undefined for that run) are left out of it and listed under ``nonfinite_seeds`` (``n`` counts the
+    values used). No finite value at all: NaN mean and interval, ``n`` 0 — the metric is kept, never dropped."""
+    keep = [float(v) for v in values if _finite(v)]
+    bad = [s for v, s in zip(values, seeds) if not _finite(v)]
+    if keep:
+        iv = mean_interval(keep)
+    else:
+        nan = float("nan")
+        iv = {"mean": nan, "lo": nan, "hi": nan, "n": 0, "sd": nan}
+    if bad:
+        iv["nonfinite_seeds"] = bad
+    return iv
+
+
+def _nonfinite_keys(metrics: dict) -> list[str]:
+    """The metrics of one run holding NaN or ±inf (a scalar, a point of a curve or a cell of a heat map)."""
+    def bad(v) -> bool:
+        if isinstance(v, dict):
+            return any(bad(x) for x in v.values())
+        if isinstance(v, list):
+            return any(bad(x) for x in v)
+        return not _finite(v)
+    return [k for k, v in metrics.items() if bad(v)]
+
+
+def _seed_list(seeds: list) -> str:
+    return ", ".join(str(s) for s in seeds)
+
+
+def nonfinite_runs(runs: list[dict]) -> dict:
+    """``{design: [{"seed", "metrics"}, …]}``: the runs (a diverged one, say) with a NaN or infinite value, and
+    which metrics hold it; designs without such runs are absent. The aggregate keeps those runs' finite
+    values and lists the others (:func:`aggregate`), and the summary names them."""
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        keys = _nonfinite_keys(r["metrics"])
+        if keys:
+            out.setdefault(r["design"], []).append({"seed": r["seed"], "metrics": keys})
+    return out
+
+
 def aggregate(runs: list[dict]) -> dict:
     """Per design, per metric: scalars → interval dict; curves ``{x: v}`` → ``{x: interval}``; heat maps →
-    the element-wise mean over seeds (``{"mean": grid, "n": seeds}``)."""
+    the element-wise mean over seeds (``{"mean": grid, "n": seeds}``).
+
+    A NaN or infinite value (a diverged run, a metric with no data) is left out of its interval, whose
+    ``nonfinite_seeds`` names the runs it came from and whose ``n`` counts the values used; a metric with no
+    finite value has a NaN interval and ``n`` 0. No metric is ever dropped."""
     by_design: dict[str, list[dict]] = {}
     for r in runs:
-        by_design.setdefault(r["design"], []).append(r["metrics"])
+        by_design.setdefault(r["design"], []).append(r)
     out = {}
-    for design, ms in by_design.items():
+    for design, rs in by_design.items():
+        ms, seeds = [r["metrics"] for r in rs], [r["seed"] for r in rs]
         agg = {}
         for key, first in ms[0].items():
             if isinstance(first, dict):
-                agg[key] = {x: mean_interval([m[key][x] for m in ms]) for x in first}
+                agg[key] = {x: _interval_of([m[key][x] for m in ms], seeds) for x in first}
             elif isinstance(first, list):
                 grids = torch.tensor([m[key] for m in ms], dtype=torch.float64)
                 agg[key] = {"mean": grids.mean(0).tolist(), "n": len(ms)}
-            elif first == first:  # skip NaN scalars (a metric with no data at this preset)
-                agg[key] = mean_interval([m[key] for m in ms])
+            else:
+                agg[key] = _interval_of([m[key] for m in ms], seeds)
         out[design] = agg
     return out
 
@@ -485,44 +592,92 @@ def verdicts(exp: Experiment, runs: list[dict], alpha: float = ALPHA) -> list[di
     t-tests for reproduced / contradicted, Bonferroni-widened intervals for no effect; see
     :func:`ropekit.experiments.stats.adjusted_verdicts`), ``verdict_unadjusted`` the one of the claim's own 95 %
     interval (``advantage``), shown beside it. An undecided claim gets ``seeds_to_decide``: the seeds after
-    which, at the measured spread, the adjusted interval would be narrower than δ."""
+    which, at the measured spread, the adjusted interval would be narrower than δ.
+
+    A seed where either design's value is NaN or infinite (a diverged run) is left out of the claim's pairs
+    and named in ``nonfinite_seeds`` (``{design: [seeds]}``); ``seeds`` lists the pairs used. A claim with no
+    finite pair, or whose differences are the same in every seed (no spread: e.g. both designs at chance in
+    every run), is ``not informative`` with a ``reason``: it decides nothing (see
+    :func:`ropekit.experiments.stats.adjusted_verdicts`; a claim with no finite pair is outside the family)."""
     table = {(r["design"], r["seed"]): r["metrics"] for r in runs}
-    seeds = sorted({s for _, s in table})
-    rows, diffs = [], []
+    all_seeds = sorted({s for _, s in table})
+    rows, diffs, empty = [], [], []
     for c in exp.claims:
-        if not all((d, s) in table for d in (c.design, c.baseline) for s in seeds):
+        if not all((d, s) in table for d in (c.design, c.baseline) for s in all_seeds):
             continue
-        a = [table[(c.design, s)][c.metric] for s in seeds]
-        b = [table[(c.baseline, s)][c.metric] for s in seeds]
-        if any(x != x for x in a + b):  # a NaN metric (no data at this preset) decides nothing
+        values = {d: {s: table[(d, s)][c.metric] for s in all_seeds} for d in (c.design, c.baseline)}
+        bad = {d: [s for s, v in vs.items() if not _finite(v)] for d, vs in values.items()}
+        seeds = [s for s in all_seeds if all(_finite(values[d][s]) for d in values)]
+        row = {"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
+               "baseline": c.baseline, "better": c.better, "delta": c.delta, "delta_reason": c.delta_reason,
+               "seeds": seeds}
+        if any(bad.values()):
+            row["nonfinite_seeds"] = {d: ss for d, ss in bad.items() if ss}
+        if not seeds:
+            nan = float("nan")
+            iv = {"mean": nan, "lo": nan, "hi": nan, "n": 0, "sd": nan}
+            row.update({"verdict_unadjusted": UNINFORMATIVE, "verdict": UNINFORMATIVE, "advantage": iv,
+                        "advantage_adjusted": dict(iv), "design_mean": nan, "baseline_mean": nan,
+                        "differences": [], "p": 1.0, "p_holm": 1.0, "reason": (
+                            f"no seed has a finite {c.metric} for both designs (NaN or infinite in "
+                            + "; ".join(f"{d} seeds {_seed_list(ss)}" for d, ss in bad.items() if ss)
+                            + "): nothing to test")})
+            empty.append(row)
+            rows.append(row)
             continue
+        a = [values[c.design][s] for s in seeds]
+        b = [values[c.baseline][s] for s in seeds]
         v = paired_verdict(a, b, c.better, c.delta)
         sign = 1.0 if c.better == "higher" else -1.0
         diffs.append([sign * (x - y) for x, y in zip(a, b)])
-        rows.append({"id": c.id, "claim": c.text, "source": c.source, "metric": c.metric, "design": c.design,
-                     "baseline": c.baseline, "better": c.better, "delta": c.delta, "delta_reason": c.delta_reason,
-                     "verdict_unadjusted": v["verdict"], "advantage": v["advantage"],
-                     "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b), "seeds": seeds,
-                     "differences": diffs[-1]})
-    adjusted = adjusted_verdicts(diffs, [r["delta"] for r in rows], alpha)
-    for r, adj in zip(rows, adjusted):
+        row.update({"verdict_unadjusted": v["verdict"], "advantage": v["advantage"],
+                    "design_mean": sum(a) / len(a), "baseline_mean": sum(b) / len(b), "differences": diffs[-1]})
+        if v["verdict"] == UNINFORMATIVE:
+            row["reason"] = (f"the paired difference in {c.metric} is {diffs[-1][0]:+.4g} in every one of the "
+                             f"{len(seeds)} seeds (design {a[0]:.4g}, baseline {b[0]:.4g} in the first): no spread "
+                             "to measure noise against, so the metric was not informative here (e.g. both designs "
+                             "at chance) and decides nothing")
+        rows.append(row)
+    tested = [r for r in rows if not any(r is e for e in empty)]
+    adjusted = adjusted_verdicts(diffs, [r["delta"] for r in tested], alpha)
+    level = 1.0 - alpha / max(1, len(tested))
+    for r in empty:
+        r.update({"adjusted_level": level, "family": len(tested), "alpha": alpha, "seeds_to_decide": None})
+    for r, adj in zip(tested, adjusted):
         r.update({"verdict": adj["verdict"], "p": adj["p"], "p_holm": adj["p_holm"],
-                  "advantage_adjusted": adj["interval"], "adjusted_level": adj["level"], "family": len(rows),
+                  "advantage_adjusted": adj["interval"], "adjusted_level": adj["level"], "family": len(tested),
                   "alpha": alpha})
-        r["seeds_to_decide"] = (seeds_to_decide(r["advantage"]["sd"], r["delta"], alpha, len(rows))
-                                if r["verdict"] == "inconclusive" and len(seeds) >= 2 else None)
+        r["seeds_to_decide"] = (seeds_to_decide(r["advantage"]["sd"], r["delta"], alpha, len(tested))
+                                if r["verdict"] == "inconclusive" and len(r["seeds"]) >= 2 else None)
     return rows
 
 
 def summary_table(agg: dict) -> str:
-    """Plain-text table: scalar metrics per design (mean ± half-width), then the verdicts."""
+    """Plain-text table: scalar metrics per design (mean ± half-width; ``*``: some runs' values were NaN or
+    infinite and are left out, listed under the table), then the verdicts (a ``not informative`` one with its
+    reason)."""
     metrics = agg["metrics"]
-    keys = [k for k, v in next(iter(metrics.values())).items() if "lo" in v]
+    keys = list(dict.fromkeys(k for m in metrics.values() for k, v in m.items() if isinstance(v, dict) and "lo" in v))
     lines = [f"{agg['experiment']} ({agg['preset']}, {agg['seeds']} seed(s)); mean ± 95% half-width"]
     lines.append(f"{'design':<22}" + "".join(f"{k:>17}" for k in keys))
+
+    def cell(iv: "dict | None") -> str:
+        if iv is None:
+            return f"{'-':>17}"
+        if not iv.get("n"):
+            return f"{'no finite value':>17}"
+        half = (iv["hi"] - iv["lo"]) / 2
+        if iv.get("nonfinite_seeds"):
+            return f"{iv['mean']:>8.3f} ± {half:<5.3f}*"
+        return f"{iv['mean']:>9.3f} ± {half:<5.3f}"
+
     for d, m in metrics.items():
-        lines.append(f"{d:<22}" + "".join(
-            f"{m[k]['mean']:>9.3f} ± {(m[k]['hi'] - m[k]['lo']) / 2:<5.3f}" if k in m else f"{'-':>17}" for k in keys))
+        lines.append(f"{d:<22}" + "".join(cell(m.get(k)) for k in keys))
+    bad = agg.get("nonfinite_runs") or {}
+    if bad:
+        lines.append("* runs with NaN or infinite values (a diverged run, or a metric undefined for it), left out of "
+                     "the means and intervals: " + "; ".join(
+                         f"{d} seed {r['seed']} ({', '.join(r['metrics'])})" for d, rs in bad.items() for r in rs))
     cost = agg.get("cost", {})
     if cost.get("designs"):
         ref = cost["reference"]
@@ -531,8 +686,9 @@ def summary_table(agg: dict) -> str:
             for d, c in cost["designs"].items()))
     claims = agg["claims"]
     if claims and "verdict_unadjusted" in claims[0]:
-        lines.append(f"verdicts adjusted over the {len(claims)} claims (Holm-Bonferroni, alpha "
-                     f"{claims[0]['alpha']:g}); unadjusted 95% verdict in brackets; delta = smallest effect of interest")
+        family = claims[0].get("family", len(claims))
+        lines.append(f"verdicts adjusted over the {family} claims (Holm-Bonferroni, alpha {claims[0]['alpha']:g}); "
+                     "unadjusted 95% verdict in brackets; delta = smallest effect of interest")
     for c in claims:
         a = c["advantage"]
         line = (f"[{c['verdict']:<12}] {c['id']}: {c['claim']} — {c['metric']} {c['design']} "
@@ -547,10 +703,18 @@ def summary_table(agg: dict) -> str:
             if below_delta(c):
                 line += "; the whole adjusted interval is inside ±delta: real, but smaller than delta"
         line += ")"
+        if c.get("reason"):
+            line += f"\n    {c['verdict']}: {c['reason']}"
+        if c.get("nonfinite_seeds"):
+            line += ("\n    left out (NaN or infinite " + c["metric"] + "): " + "; ".join(
+                f"{d} seed(s) {_seed_list(ss)}" for d, ss in c["nonfinite_seeds"].items())
+                + (f"; decided on the {len(c['seeds'])} other seed(s)" if c["seeds"] else ""))
         if c.get("replication"):
             r, ra = c["replication"], c["replication"]["advantage"]
             line += (f"\n    replication ({len(r['seeds'])} other seeds): {r['verdict']}, advantage {ra['mean']:+.3f} "
                      f"95% [{ra['lo']:+.3f}, {ra['hi']:+.3f}] -> {c['confirmation']}")
+            if r.get("reason"):
+                line += f"\n    replication {r['verdict']}: {r['reason']}"
         lines.append(line)
     if agg.get("preset") in ("micro", "quick"):
         lines.append(f"({agg['preset']} preset: a look, not sized to decide; `--preset standard` is)")

@@ -12,12 +12,16 @@ smallest difference that would matter, δ. Verdicts (:func:`verdict_from_interva
 * ``reproduced`` — the interval lies above 0;
 * ``contradicted`` — the interval lies below 0;
 * ``no effect`` — the interval lies inside (−δ, +δ) (and touches 0);
-* ``inconclusive`` — none of these.
+* ``inconclusive`` — none of these;
+* ``not informative`` — the paired differences are the same in every seed (zero spread, as when both designs
+  sit at the same chance-level value in every run): a t-interval of zero width is no evidence of anything, so
+  such a sample decides nothing, whatever its mean (:func:`uninformative`).
 
 Several claims of one experiment are a family: :func:`adjusted_verdicts` decides ``reproduced`` /
 ``contradicted`` by Holm–Bonferroni on the two-sided paired t-tests (family-wise error of those decisions
 ≤ α), and ``no effect`` from Bonferroni-widened intervals at level 1 − α/m (simultaneous coverage ≥ 1 − α,
-so the family-wise error of the equivalence decisions is ≤ α too).
+so the family-wise error of the equivalence decisions is ≤ α too). A ``not informative`` claim stays in the
+family with p = 1 (nothing was tested), which keeps the adjustment of the others conservative.
 """
 from __future__ import annotations
 
@@ -27,10 +31,11 @@ from typing import Sequence
 
 __all__ = ["t_cdf", "t_quantile", "t_quantile_975", "betainc", "mean_interval", "paired_test", "holm",
            "verdict_from_interval", "paired_verdict", "adjusted_verdicts", "seeds_to_decide", "seeds_for_power",
-           "detectable_effect",
+           "detectable_effect", "uninformative", "UNINFORMATIVE",
            "VERDICTS", "ALPHA"]
 
-VERDICTS = ("reproduced", "contradicted", "no effect", "inconclusive")
+UNINFORMATIVE = "not informative"
+VERDICTS = ("reproduced", "contradicted", "no effect", "inconclusive", UNINFORMATIVE)
 ALPHA = 0.05
 
 
@@ -211,6 +216,14 @@ def verdict_text(claim: dict) -> str:
     return claim["verdict"] + (", smaller than δ" if below_delta(claim) else "")
 
 
+def uninformative(diffs: Sequence[float]) -> bool:
+    """True when two or more paired differences are all the same value: the sample has no spread, so a
+    t-interval (width 0) or t-test (p 0 or 1) would decide from no measured noise at all. One value is not
+    this case (one seed never decides anyway)."""
+    xs = [float(d) for d in diffs]
+    return len(xs) >= 2 and all(x == xs[0] for x in xs)
+
+
 def _signed_diffs(a: Sequence[float], b: Sequence[float], better: str) -> list[float]:
     if better not in ("higher", "lower"):
         raise ValueError(f"`better` must be 'higher' or 'lower', got {better!r}")
@@ -224,10 +237,12 @@ def paired_verdict(a: Sequence[float], b: Sequence[float], better: str = "higher
                    level: float = 0.95) -> dict:
     """Unadjusted verdict for the claim "a is better than b" from the two-sided t-interval (at ``level``) of
     the per-seed difference, signed so that positive favours a (``advantage``). Seeds are paired (same seed
-    = same data stream and evaluation set). One seed never decides (``inconclusive``)."""
+    = same data stream and evaluation set). One seed never decides (``inconclusive``); differences that are
+    the same in every seed decide nothing either (``not informative``, :func:`uninformative`)."""
     diff = _signed_diffs(a, b, better)
     iv = mean_interval(diff, level)
-    verdict = "inconclusive" if iv["n"] < 2 else verdict_from_interval(iv["lo"], iv["hi"], delta)
+    verdict = ("inconclusive" if iv["n"] < 2 else UNINFORMATIVE if uninformative(diff)
+               else verdict_from_interval(iv["lo"], iv["hi"], delta))
     return {"verdict": verdict, "advantage": iv}
 
 
@@ -236,7 +251,9 @@ def adjusted_verdicts(diffs: Sequence[Sequence[float]], deltas: Sequence[float |
 
     ``reproduced`` / ``contradicted``: Holm–Bonferroni over the two-sided paired t-tests rejects "no
     difference" at level ``alpha`` (direction from the mean). Else ``no effect`` when the Bonferroni interval
-    (level 1 − alpha/m) lies inside (−δ, δ). Else ``inconclusive``. Each row: ``verdict``, ``p``, ``p_holm``,
+    (level 1 − alpha/m) lies inside (−δ, δ). Else ``inconclusive``. A claim whose differences are the same in
+    every seed is ``not informative`` and enters Holm with p = 1 (it tests nothing, and still counts in the
+    family, which keeps the others' adjustment conservative). Each row: ``verdict``, ``p``, ``p_holm``,
     ``interval`` (the Bonferroni one) and ``level``.
     """
     if len(diffs) != len(deltas):
@@ -245,12 +262,16 @@ def adjusted_verdicts(diffs: Sequence[Sequence[float]], deltas: Sequence[float |
     if not m:
         return []
     tests = [paired_test(d) for d in diffs]
+    flat = [uninformative(d) for d in diffs]
+    tests = [{**t, "p": 1.0} if f else t for t, f in zip(tests, flat)]
     p_adj = holm([t["p"] for t in tests])
     level = 1.0 - alpha / m
     rows = []
-    for d, t, pa, delta in zip(diffs, tests, p_adj, deltas):
+    for d, t, pa, delta, f in zip(diffs, tests, p_adj, deltas, flat):
         iv = mean_interval(d, level)
-        if t["n"] >= 2 and pa <= alpha and t["mean"] != 0:
+        if f:
+            verdict = UNINFORMATIVE
+        elif t["n"] >= 2 and pa <= alpha and t["mean"] != 0:
             verdict = "reproduced" if t["mean"] > 0 else "contradicted"
         elif t["n"] >= 2 and delta is not None and delta > 0 and -delta < iv["lo"] and iv["hi"] < delta:
             verdict = "no effect"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,27 @@ def _save(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _load(path: Path, device: torch.device) -> dict:
+    """The checkpoint at ``path``, read with ``weights_only=True``: tensors, dicts, lists and numbers only.
+
+    A checkpoint is a file an experiment folder carries to whoever receives it; full unpickling would run
+    whatever code it names, so a checkpoint holding anything else is refused (a ``ValueError`` naming the
+    file and what to do), before any of its objects is built."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message suggests weights_only=False; keep only the line that says what was found
+        found = [ln.strip() for ln in str(error).splitlines() if "unsupported" in ln.lower() or "GLOBAL" in ln]
+        raise ValueError(
+            f"checkpoint '{path}' holds objects other than tensors, dicts, lists and numbers, which ropekit never "
+            f"writes; refused to load it (unpickling it could run code it names). Delete the file to train that "
+            f"run again from the start" + (f" ({found[0]})" if found else "")) from None
+    if not isinstance(state, dict) or any(k not in state for k in ("model", "opt", "sched", "step", "losses")):
+        raise ValueError(f"checkpoint '{path}' is not a ropekit training checkpoint (a dict with model, opt, "
+                         f"sched, step, losses); delete it to train that run again from the start")
+    return state
+
+
 def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg: TrainConfig, *, seed: int,
           device: torch.device, ckpt: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
           stop_after: int | None = None) -> dict:
@@ -102,7 +124,7 @@ def train(model: nn.Module, sample: Callable[[torch.Generator, int], Batch], cfg
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_at)
     start, losses, seconds, cpu = 0, [], 0.0, 0.0
     if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = _load(ckpt, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
@@ -167,7 +189,7 @@ def train_stacked(models: list[nn.Module], sample: Callable[..., Batch], cfg: Tr
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_at)
     start, losses, seconds, cpu = 0, [[] for _ in seeds], 0.0, 0.0
     if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = _load(ckpt, device)
         if state.get("seeds") != list(seeds):
             raise ValueError(f"checkpoint '{ckpt}' holds seeds {state.get('seeds')}, not {list(seeds)}")
         net.load_state_dict(state["model"])

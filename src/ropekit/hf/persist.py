@@ -80,7 +80,14 @@ def arguments(model: nn.Module, config: Any) -> dict:
         raise ValueError(
             f"patch_model: config.{CONFIG_KEY} is not a ropekit patch record (got {rec!r}); remove it or pass a design"
         )
-    if rec.get("format", FORMAT) > FORMAT:
+    fmt = rec.get("format", FORMAT)
+    if isinstance(fmt, bool) or not isinstance(fmt, int):
+        raise ValueError(
+            f"patch_model: config.{CONFIG_KEY}['format'] must be an int (the record format; this ropekit writes and "
+            f"reads {FORMAT}), got {fmt!r}: the config was edited or damaged; remove config.{CONFIG_KEY} or pass "
+            f"a design"
+        )
+    if fmt > FORMAT:
         raise ValueError(
             f"patch_model: config.{CONFIG_KEY} was written by ropekit {rec.get('version')} in record format "
             f"{rec['format']}, newer than this ropekit reads ({FORMAT}); upgrade ropekit or pass a design"

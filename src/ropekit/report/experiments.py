@@ -163,7 +163,8 @@ def plot_polar(agg: dict, key: str, path: Path) -> str:
 
 def plot_bars(agg: dict, keys: list, path: Path) -> str:
     """Grouped bars (one group per design, one bar per metric) with 95 % interval whiskers; a caption."""
-    designs = [d for d, m in agg["metrics"].items() if all(k in m for k in keys)]
+    # a design with no finite value of a metric (every run NaN) has no bar to draw; the section's note names it
+    designs = [d for d, m in agg["metrics"].items() if all(k in m and m[k].get("n", 1) for k in keys)]
     fig, ax = plt.subplots(figsize=(max(6.4, 0.7 * len(designs) * len(keys)), 3.8))
     width = 0.8 / len(keys)
     for j, k in enumerate(keys):
@@ -180,6 +181,8 @@ def plot_bars(agg: dict, keys: list, path: Path) -> str:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     first = {d: agg["metrics"][d][keys[0]]["mean"] for d in designs}
+    if not first:
+        return f"{', '.join(keys)}: no design has a finite value of every one of them (see the note on NaN runs)."
     best = max(first, key=first.get)
     return (f"{', '.join(keys)} per design, whiskers 95 % t-intervals over {agg['seeds']} seeds. Highest "
             f"{keys[0]}: {best} ({first[best]:.3f}).")
@@ -189,7 +192,8 @@ def lambda_series(agg: dict, metric: str) -> list[tuple[float, dict]]:
     """``[(λ, interval), …]`` of every GeoPE family in ``agg`` that has ``metric``, sorted by λ."""
     from ..experiments.geope_sweep import geope_lambda
 
-    pts = [(geope_lambda(d), m[metric]) for d, m in agg["metrics"].items() if metric in m and "lo" in m[metric]]
+    pts = [(geope_lambda(d), m[metric]) for d, m in agg["metrics"].items() if metric in m and "lo" in m[metric]
+           and m[metric].get("n", 1)]
     return sorted((lam, iv) for lam, iv in pts if lam is not None)
 
 
@@ -235,17 +239,31 @@ def _costs(agg: dict) -> str:
         return ""
     ref = cost["reference"]
     ratio = lambda x: "–" if x is None else f"{x:.2f}×"  # noqa: E731
-    rows = [[d, f"{c['step_s'] * 1e3:.1f}", f"{c['step_cpu_s'] * 1e3:.1f}", ratio(c["cpu_ratio"]),
+    rows = [[_esc(d), f"{c['step_s'] * 1e3:.1f}", f"{c['step_cpu_s'] * 1e3:.1f}", ratio(c["cpu_ratio"]),
              ratio(c["wall_ratio"])] for d, c in cost["designs"].items()]
     note = (f"<p class='note'>Cost of one training step (forward, backward, optimiser; mean over seeds, each run's "
             f"first step left out as it carries one-off compilation), measured in this run"
             + (f", relative to {html.escape(ref)} RoPE in the same run" if ref else "") + ".</p>")
-    return note + table(["design", "ms / step (wall)", "ms / step (CPU)", f"CPU × {ref or '–'}",
-                         f"wall × {ref or '–'}"], rows)
+    return note + table(["design", "ms / step (wall)", "ms / step (CPU)", f"CPU × {_esc(ref or '–')}",
+                         f"wall × {_esc(ref or '–')}"], rows)
 
 
 VERDICT_COLOURS = {"reproduced": "#1a9850", "contradicted": "#d73027", "no effect": "#4575b4",
-                   "inconclusive": "#878787"}
+                   "inconclusive": "#878787", "not informative": "#b8860b"}
+
+def _esc(value) -> str:
+    """``value`` as HTML text: every string read from an aggregate is data, never markup (a received aggregate
+    must not put a script into the report)."""
+    return html.escape(str(value))
+
+
+def _why(c: dict) -> str:
+    """The reason of a ``not informative`` verdict and the seeds left out for NaN or infinite values, as HTML."""
+    out = f"<br><small>{_esc(c['reason'])}</small>" if c.get("reason") else ""
+    if c.get("nonfinite_seeds"):
+        out += ("<br><small>left out (NaN or infinite): " + _esc("; ".join(
+            f"{d} seed(s) {', '.join(map(str, ss))}" for d, ss in c["nonfinite_seeds"].items())) + "</small>")
+    return out
 
 
 def adjusted(agg: dict) -> bool:
@@ -348,19 +366,21 @@ def claims_table(entries: list[tuple[str, dict]]) -> str:
             if adj:
                 b = c["advantage_adjusted"]
                 adj_cell = f"[{b['lo']:+.3f}, {b['hi']:+.3f}] ({100 * c['adjusted_level']:.1f} %), Holm p {c['p_holm']:.3g}"
-                verdict = f"<b>{verdict_text(c)}</b> (unadjusted: {c['verdict_unadjusted']})"
+                verdict = f"<b>{_esc(verdict_text(c))}</b> (unadjusted: {_esc(c['verdict_unadjusted'])})"
                 if c.get("seeds_to_decide"):
                     verdict += f"; ≈{c['seeds_to_decide']} seeds to decide"
             else:
                 adj_cell = "—"
-                verdict = f"{c['verdict']} (unadjusted)"
+                verdict = f"{_esc(c['verdict'])} (unadjusted)"
+            verdict += _why(c)
             r = c.get("replication")
-            rep_cell = (f"{r['verdict']}, {_interval(r['advantage'])}: <b>{c['confirmation']}</b>" if r else "not run")
-            rows.append([html.escape(run), f"{c['id']}: {html.escape(c['claim'])}", html.escape(c["source"]),
-                         f"<code>{c['metric']}</code> ({c['better']} is better)"
+            rep_cell = (f"{_esc(r['verdict'])}, {_interval(r['advantage'])}: <b>{_esc(c['confirmation'])}</b>" if r
+                        else "not run")
+            rows.append([_esc(run), f"{_esc(c['id'])}: {_esc(c['claim'])}", _esc(c["source"]),
+                         f"<code>{_esc(c['metric'])}</code> ({_esc(c['better'])} is better)"
                          + (f", δ = {c['delta']:g}" if c.get("delta") else ""),
                          f"{a['mean']:+.3f}", f"[{a['lo']:+.3f}, {a['hi']:+.3f}]", adj_cell, verdict,
-                         f"{seed_text}; {html.escape(scope(agg))}", rep_cell])
+                         f"{_esc(seed_text)}; {_esc(scope(agg))}", rep_cell])
     return table(["experiment", "claim", "paper, section", "metric", "effect", "95 % interval",
                   "adjusted interval", "verdict (adjusted)", "seeds", "replication"], rows)
 
@@ -369,11 +389,23 @@ def _verdicts(agg: dict) -> str:
     rows = []
     for c in agg["claims"]:
         a = c["advantage"]
-        rows.append([c["id"], html.escape(c["claim"]), html.escape(c["source"]), f"<code>{c['metric']}</code> "
-                     f"({c['better']} is better)", f"{c['design']} {c['design_mean']:.3f} vs {c['baseline']} "
+        rows.append([_esc(c["id"]), _esc(c["claim"]), _esc(c["source"]), f"<code>{_esc(c['metric'])}</code> "
+                     f"({_esc(c['better'])} is better)",
+                     f"{_esc(c['design'])} {c['design_mean']:.3f} vs {_esc(c['baseline'])} "
                      f"{c['baseline_mean']:.3f}", f"{a['mean']:+.3f} [{a['lo']:+.3f}, {a['hi']:+.3f}]",
-                     f"<b>{verdict_text(c)}</b>" + ("" if adjusted(agg) else " (unadjusted)")])
+                     f"<b>{_esc(verdict_text(c))}</b>" + ("" if adjusted(agg) else " (unadjusted)") + _why(c)])
     return table(["id", "claim", "paper", "metric", "means", "advantage (95 % CI)", "verdict"], rows)
+
+
+def _nonfinite(agg: dict) -> str:
+    """A note naming the runs whose values were NaN or infinite (left out of the means), or nothing."""
+    bad = agg.get("nonfinite_runs") or {}
+    if not bad:
+        return ""
+    return ("<p class='note'>Runs with NaN or infinite values (a diverged run, or a metric undefined for it), left "
+            "out of the means and intervals of those metrics: " + _esc("; ".join(
+                f"{d} seed {r['seed']} ({', '.join(map(str, r['metrics']))})" for d, rs in bad.items() for r in rs))
+            + ".</p>")
 
 
 _VALID = ("give the folder that `ropekit experiment NAME --out DIR` wrote, i.e. DIR, which holds "
@@ -433,37 +465,39 @@ def experiments_section(out: Path, experiments_dir: "str | Path") -> dict:
         figs = get(name).figures
         if plain.count(run) > 1:
             run = tag
-        parts.append(f"<h3>{html.escape(run)}</h3><p class='note'>preset <code>{agg['preset']}</code>, "
-                     f"{agg['seeds']} seed(s), run {agg['date']}, ropekit {agg['versions']['ropekit']}, torch "
-                     f"{agg['versions']['torch']}. Hyper-parameters {html.escape(agg['hyperparameters'])}: "
+        parts.append(f"<h3>{html.escape(run)}</h3><p class='note'>preset <code>{_esc(agg['preset'])}</code>, "
+                     f"{_esc(agg['seeds'])} seed(s), run {_esc(agg['date'])}, ropekit "
+                     f"{_esc(agg['versions']['ropekit'])}, torch {_esc(agg['versions']['torch'])}. "
+                     f"Hyper-parameters {html.escape(agg['hyperparameters'])}: "
                      f"<code>{html.escape(json.dumps(agg['config']['model']))}</code>, "
                      f"<code>{html.escape(json.dumps(agg['config']['train']))}</code>.</p>")
         if figs.get("heatmap"):
             png = f"exp_{run}_{figs['heatmap']}.png"
             cap = plot_heatmaps(agg, figs["heatmap"], out / png)
-            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+            parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("polar"):
             png = f"exp_{run}_{figs['polar']}_polar.png"
             cap = plot_polar(agg, figs["polar"], out / png)
-            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+            parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("bars"):
             png = f"exp_{run}_bars.png"
             cap = plot_bars(agg, figs["bars"], out / png)
-            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+            parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
         for key, label in figs.get("curves", {}).items():
             png = f"exp_{run}_{key}.png"
             cap = plot_curve(agg, key, label, out / png)
-            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+            parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
         if figs.get("lambda"):
             png = f"exp_{run}_lambda.png"
             cap = plot_lambda_sweep(agg, figs["lambda"], out / png)
             if cap is not None:
-                parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+                parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
         parts.append(_costs(agg))
         if agg["claims"]:
             png = f"exp_{run}_forest.png"
             cap = plot_forest(agg, out / png, run)
-            parts.append(f"<img src='{png}'><p class='note'>{html.escape(cap)}</p>")
+            parts.append(f"<img src='{_esc(png)}'><p class='note'>{html.escape(cap)}</p>")
+        parts.append(_nonfinite(agg))
         parts.append(_verdicts(agg))
         entries.append((run, agg))
         metrics[run] = {"claims": {c["id"]: c["verdict"] for c in agg["claims"]}, "date": agg["date"],
