@@ -23,7 +23,6 @@ from ropekit import Image, Layout, Text
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models
 
 from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
-from ropekit.hf.hooks import _lm_vision_inputs
 from test_hf_llava import pad_rows, reference_positions
 
 IMG, PAD, BRK, END = 70, 0, 73, 74  # image token; pad; Mistral 3's [IMG_BREAK] and [IMG_END]
@@ -337,47 +336,6 @@ def test_cached_generation_equals_a_teacher_forced_forward(fam, age):
     start = inputs["input_ids"].shape[1] - 1
     for k, step in enumerate(out.logits):
         torch.testing.assert_close(step, logits[:, start + k], rtol=1e-5, atol=1e-5)
-
-
-def _steps(model, inputs):
-    """Prefill, then cached steps without images: a text id, the image token id with a mask over cache and step, and
-    an embedding; per step the logits and each layer's positions."""
-    from ropekit.hf.boundary import cache_keyword
-
-    key = cache_keyword(type(model).forward)
-    out = []
-    with torch.no_grad():
-        cache = getattr(model(**inputs, use_cache=True), key)
-        B, n = inputs["input_ids"].shape
-        mask = inputs["attention_mask"]
-        for i, step in enumerate([dict(input_ids=torch.full((B, 1), 5)), dict(input_ids=torch.full((B, 1), IMG)),
-                                  dict(inputs_embeds=model.get_input_embeddings()(torch.full((B, 1), 7)))]):
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], 1)
-            kw = dict(attention_mask=mask) if i else {}
-            logits = model(**step, **kw, use_cache=True, **{key: cache}).logits
-            out.append((logits, last_positions(model)))
-    return out
-
-
-def test_cached_steps_without_images_skip_the_token_types(fam, monkeypatch):
-    """A cached forward with no images or videos reads its tokens as text without building their token types (the
-    decoding fast path of the 1-D families): logits and positions equal the general path's bit for bit, also for an
-    image token id (text without images, as in stock) and for embeddings."""
-    from ropekit.hf import hooks
-
-    name, model = fam
-    inputs, _ = make_batch(name)
-    patch_model(model, "circle" if name != "internvl" else "v2pe")
-    calls = []
-    monkeypatch.setattr(hooks, "_lm_vision_inputs", lambda *a: calls.append(1) or _lm_vision_inputs(*a))
-    fast = _steps(model, inputs)
-    assert len(calls) == 1  # only the prefill built token types
-    monkeypatch.setattr(hooks, "_LM_VISION", ("use_cache",) + hooks._LM_VISION)  # never all None: the general path
-    slow = _steps(model, inputs)
-    assert len(calls) == 1 + 1 + 3  # there, the prefill and every step built them
-    for (fl, fp), (sl, sp) in zip(fast, slow):
-        assert torch.equal(fl, sl)
-        assert fp.keys() == sp.keys() and all(torch.equal(fp[i], sp[i]) for i in fp)
 
 
 def test_checkpointed_training_step(fam):

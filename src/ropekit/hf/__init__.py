@@ -1,9 +1,10 @@
 """Hugging Face transformers integration: ropekit designs, allocations and AGE in Qwen-VL, GLM-4V, ERNIE-4.5-VL,
 PaddleOCR-VL and LLaVA models (docs/hf.md)."""
-from .patch import (SUPPORTED_MODEL_TYPES, is_patched, last_positions, layer_designs, patch_model, supported_models,
-                    unpatch_model)
+from .patch import (SUPPORTED_MODEL_TYPES, is_patched, last_positions, layer_designs, patch_model, position_ids,
+                    position_rows, supported_models, unpatch_model)
+from .packing import PackingCollator, pack
 
-__all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "supported_models",
-           "SUPPORTED_MODEL_TYPES"]
+__all__ = ["patch_model", "unpatch_model", "position_ids", "position_rows", "pack", "PackingCollator",
+           "last_positions", "layer_designs", "is_patched", "supported_models", "SUPPORTED_MODEL_TYPES"]
 from .vision import VISION_FAMILIES, patch_vision_model, unpatch_vision_model  # noqa: E402
 __all__ += ["patch_vision_model", "unpatch_vision_model", "VISION_FAMILIES"]

@@ -5,10 +5,12 @@ holds the module it sits on, what that attribute was before and the shared patch
 else: ``copy.deepcopy`` and ``pickle`` copy it along with the model, so a copy's hooks run the copy's
 modules and read the copy's state, and :func:`remove` on the copy restores the copy's own methods.
 
-Hooked: the bare model's ``compute_3d_position_ids`` (positions; ``forward`` on 1-D families) and
-``get_rope_index`` (the design's positions when called directly), the text model's ``rotary_emb.forward``
-(cos/sin per geometry), each decoder layer's ``forward`` (its geometry's cos/sin) and, on the generation
-class, ``_prepare_position_ids_for_generation`` (so ``generate`` lets the model place its tokens itself).
+Hooked: the bare model's ``forward`` (places the tokens from the call's own arguments and hands the position
+tensor on as ``position_ids``) and ``get_rope_index`` (the design's positions when called directly), the text
+model's ``forward`` (attention masks from the text row), its ``rotary_emb.forward`` (cos/sin per geometry), each
+decoder layer's ``forward`` (its geometry's cos/sin) and, on the generation class,
+``_prepare_position_ids_for_generation`` (``generate`` carries the design's position tensor as data).
+No hook keeps anything between calls: what a request's decoding needs is kept with the KV cache it passes.
 
 Each hook function comes with a :class:`~ropekit.hf.boundary.Contract`: the parameters it handles of the
 method it replaces. :func:`install` checks it against the installed transformers (refusing what it does
@@ -16,7 +18,6 @@ not know) and hooks read their arguments through :meth:`Hook.bind`, by the insta
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -78,19 +79,8 @@ def remove(owner: Optional[nn.Module], name: str) -> None:
         owner.__dict__[name] = hook.previous
 
 
-class _Embeddings(tuple):
-    """``(cos, sin)`` of the first geometry that also carries every geometry's pair and positions.
-
-    Decoder layers receive this object through ``position_embeddings``; patched layers pick their own
-    geometry from it, so a re-run under gradient checkpointing sees the same values as the first run.
-    """
-
-    geoms: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    positions: dict[str, torch.Tensor]
-
-
 # --------------------------------------------------------------------------------------------------
-# positions
+# positions: computed from a forward's own arguments (or the cache it passes), handed on as position_ids
 
 
 def _cache_length(cache: Any) -> tuple[bool, Any]:
@@ -103,13 +93,18 @@ def _cache_length(cache: Any) -> tuple[bool, Any]:
     return n > 0, n
 
 
-def compute_3d_position_ids(hook: Hook, *args: Any, **kwargs: Any):
-    """ropekit replacement: stores every geometry's positions for the rotary hook; returns None."""
-    given = hook.state.adapter.position_arguments(hook.bind(args, kwargs))
-    _place_forward(hook, given.get("input_ids"), given.get("inputs_embeds"), given.get("image_grid_thw"),
-                   given.get("video_grid_thw"), given.get("attention_mask"), cache_of(given),
-                   _audio_types(hook.state, given), given.get("second_per_grid_ts"))
-    return None
+#: the attribute under which a KV cache keeps the :class:`~ropekit.hf.state.Continuation` of the prompt it holds
+CONTINUATION = "ropekit_continuation"
+
+
+def continuation_of(cache: Any) -> Optional[st.Continuation]:
+    """The continuation a patched model kept with ``cache`` when it placed the prompt the cache holds."""
+    return None if cache is None else getattr(cache, CONTINUATION, None)
+
+
+def _keep_with(cache: Any, record: st.Continuation) -> None:
+    if cache is not None:
+        cache.__dict__[CONTINUATION] = record
 
 
 def _audio_types(state: st._State, given: dict, input_ids=None) -> Optional[torch.Tensor]:
@@ -125,46 +120,10 @@ def _audio_types(state: st._State, given: dict, input_ids=None) -> Optional[torc
     return st.token_types(state, ids, None, ids.shape[0], ids.shape[1], ids.device, audio=True)
 
 
-def _place_forward(hook: Hook, input_ids, inputs_embeds, image_grid_thw, video_grid_thw, attention_mask, cache,
-                   mm_token_type_ids, second_per_grid_ts) -> None:
-    """Every geometry's positions for this forward's tokens (a prompt, or new tokens after ``cache``)."""
-    state = hook.state
-    state.pending = None
-    ref = inputs_embeds if inputs_embeds is not None else input_ids
-    batch, length = ref.shape[:2]
-    cached, past = _cache_length(cache)
-    mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 else None
-    has_grids = image_grid_thw is not None or video_grid_thw is not None
-    if not cached:
-        mask_4d = attention_mask is not None and mask is None  # generate's 4-D mask (or a dict of them)
-        _prefill_forward(hook, input_ids, mm_token_type_ids, (image_grid_thw, video_grid_thw, second_per_grid_ts),
-                         mask, mask_4d, batch, length, ref.device)
-        return
-    state.stash = None
-    if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types(state)
-    if mm_token_type_ids is None and input_ids is not None:
-        new = st.vision_in_ids(state, input_ids[:, -length:])
-    elif mm_token_type_ids is not None:
-        new = st.token_types(state, None, mm_token_type_ids, batch, length, ref.device)
-    else:
-        new = _types_from_embeddings(hook, inputs_embeds)
-    st.check_no_vision(new[:, -length:])  # types may cover the cached tokens too
-    _decode_forward(state, mask, past, batch, length, ref.device)
-
-
-def _decode_forward(state: st._State, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> None:
-    """Positions of a cached forward's ``length`` new tokens, all text; ``mask`` is a 2-D mask or None."""
-    state.stash = None
-    if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
-        mask = None  # not a mask over cache + new tokens
-    st.decode(state, mask, past, batch, length, device)
-
-
-def _types_from_embeddings(hook: Hook, inputs_embeds: torch.Tensor) -> torch.Tensor:
+def _types_from_embeddings(owner: nn.Module, state: st._State, inputs_embeds: torch.Tensor) -> torch.Tensor:
     """Vision tokens among ``inputs_embeds`` without ids: rows equal to the image/video token's embedding
     (how transformers finds its placeholders when it has no ids)."""
-    state, table = hook.state, hook.owner.get_input_embeddings()
+    table = owner.get_input_embeddings()
     types = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
     for kind, token in ((1, state.image_token_id), (2, state.video_token_id)):
         if token is not None:
@@ -196,224 +155,212 @@ def _videos_without_types(state: st._State, video_grid_thw, mm_token_type_ids) -
         )
 
 
-def _prefill_forward(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device) -> None:
-    state = hook.state
-    typed = length if mm_token_type_ids is None else mm_token_type_ids.shape[1]
-    if typed < length:
-        return _prefill_with_candidates(hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length, device)
-    if mask is not None:
-        mask = (mask != 0).long().cpu() if mask.shape[1] == length else None
-    has_grids = grids[0] is not None or grids[1] is not None
-    if has_grids and mm_token_type_ids is None and input_ids is None:
-        _grids_without_types(state)
-    _videos_without_types(state, grids[1], mm_token_type_ids)
-    types = st.token_types(state, input_ids, mm_token_type_ids, batch, length, device).cpu()
-    placed = not has_grids and (
-        st.from_stash(state, types, mask, mask_4d) or st.continue_generated(state, types, mask, device)
-    )
-    if not placed:
-        st.prefill(state, types, grids, mask, device)
-        if input_ids is not None and (mm_token_type_ids is not None if state.adapter.takes_token_types
-                                      else mask is not None) and (has_grids or not state.adapter.takes_token_types):
-            hook.owner.rope_deltas = st.rope_deltas(state)  # as transformers does when it places a prompt
-
-
-def _prefill_with_candidates(hook: Hook, input_ids, mm_token_type_ids, grids, mask, mask_4d, batch, length,
-                             device) -> None:
-    """An uncached forward over a prompt followed by tokens the token types do not cover yet: assisted and
-    speculative decoding verify candidate tokens with the prompt in one forward, and hand over the prompt's
-    ``mm_token_type_ids`` only. The covered tokens are the prompt, placed (or taken from ``generate``'s
-    placement) as usual; the rest are text after it, read off the continuation table as a cached step would
-    (generated tokens are text by declaration, as ``generate`` extends the token types with zeros).
-    """
-    state = hook.state
-    typed = mm_token_type_ids.shape[1]
-    if mask is not None and mask.shape[1] != length:
-        mask = None  # not a 2-D mask over these tokens
-    if mask is not None and not bool((mask[:, typed:] != 0).all()):
-        raise ValueError(
-            "patched model: padding among the tokens after the ones mm_token_type_ids covers; pass "
-            "mm_token_type_ids for every token of input_ids"
-        )
-    prompt_mask = None if mask is None else (mask[:, :typed] != 0).long().cpu()
-    reused = grids[0] is None and grids[1] is None and st.generated_prompt(
-        state, st.token_types(state, None, mm_token_type_ids, batch, typed, device).cpu(), prompt_mask)
-    if reused:  # the prompt generate placed, given again without the grids it handed to the vision encoder
-        grids = state.prompt.grids
-    _prefill_forward(hook, None if input_ids is None else input_ids[:, :typed], mm_token_type_ids, grids,
-                     prompt_mask, mask_4d, batch, typed, device)
-    state.prompt.generated = state.prompt.generated or reused
-    head = state.pending
-    st.decode(state, None if mask is None else (mask != 0).long(), typed, batch, length - typed, device)
-    state.pending = {n: torch.cat([head[n], p.to(head[n].dtype)], dim=2) for n, p in state.pending.items()}
-    state.run = None
-
-
-def lm_forward(hook: Hook, *args: Any, **kwargs: Any):
-    """1-D families (LLaVA, InternVL, Gemma 3, …): place the tokens from the forward's own arguments, then run the
-    stock forward.
-
-    The family's adapter reads the image tokens' grids off its vision config; explicit ``position_ids``
-    are honoured as given (no placement this forward), except plain text positions with images under a
-    design that is not ``vanilla`` (:func:`_refuse_text_positions`).
-    """
-    given = hook.bind(args, kwargs)
-    state = hook.state
-    if given.get("position_ids") is not None:
-        state.pending = None
-        _refuse_text_positions(hook, given)
-        return hook.call_previous(*args, **kwargs)
-    cache = cache_of(given)
-    ref = given.get("inputs_embeds") if given.get("inputs_embeds") is not None else given.get("input_ids")
-    cached, past = _cache_length(cache)
-    if cached and ref is not None and all(given.get(k) is None for k in _LM_VISION):
-        # a cached forward without images or videos (a decoding step): every family reads its tokens as text then
-        # (image token ids without images are text, as in stock), which is what the general path below finds
-        # after building and checking their token types; this skips those few tensor ops per step
-        state.pending = None
-        mask = given.get("attention_mask")
-        mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
-        _decode_forward(state, mask, past, *ref.shape[:2], ref.device)
-        return hook.call_previous(*args, **kwargs)
-    ref, types, grids, videos = _lm_vision_inputs(hook, given)
-    # with the token types given, only the shape and device of `inputs_embeds` are read
-    _place_forward(hook, None, ref, grids, videos, given.get("attention_mask"), cache, types, None)
-    return hook.call_previous(*args, **kwargs)
-
-
 #: what a 1-D family's forward takes images or videos by: without all of them its tokens are text
 _LM_VISION = ("pixel_values", "pixel_values_videos", "mm_encoder_outputs")
 
 
-def _lm_vision_inputs(hook: Hook, given: dict) -> tuple:
-    """(the ids or embeddings, token types, image grids, video grids) of a 1-D family's forward."""
-    state = hook.state
+def _inputs(owner: nn.Module, state: st._State, given: dict) -> tuple:
+    """(token types ``(B, L)`` on the CPU, grids, 2-D 0/1 mask on the CPU or None, batch, length, device) of a
+    fresh sequence, from a forward's (or :func:`ropekit.hf.position_ids`') arguments by name."""
     input_ids, embeds = given.get("input_ids"), given.get("inputs_embeds")
     ref = embeds if embeds is not None else input_ids
-    if input_ids is not None:
-        types = st.token_types(state, input_ids, None, *ref.shape[:2], ref.device)
-    else:
-        types = _types_from_embeddings(hook, embeds)
-    return (ref, *state.adapter.vision_inputs(hook.owner, types, given))
-
-
-def _refuse_text_positions(hook: Hook, given: dict) -> None:
-    """Refuse plain text ``position_ids`` (each token's count of unmasked tokens before it, from the family's first
-    position) on an uncached forward with images under a design other than ``vanilla``: honouring them would
-    silently give the stock model. They are what the unpatched ``generate`` of a ``...ForConditionalGeneration``
-    hands its bare model when only ``model.model`` was patched; other explicit positions are still honoured."""
-    state = hook.state
-    if all(geo.design == "vanilla" for geo in state.geometries.values()):
-        return
-    if _cache_length(cache_of(given))[0]:
-        return
-    pos = given["position_ids"]
-    pos = pos[None] if pos.ndim == 1 else pos
-    if pos.ndim != 2:
-        return
-    ref, types, _, _ = _lm_vision_inputs(hook, given)
+    if ref is None:
+        raise ValueError("patched model: neither input_ids nor inputs_embeds was given")
     batch, length = ref.shape[:2]
-    if pos.shape[-1] != length or not bool(types.any()):
-        return
     mask = given.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == (batch, length):
-        keep = mask != 0
-        text = (keep.long().cumsum(-1) - 1).clamp(min=0)
-    else:
-        keep = torch.ones(batch, length, dtype=torch.bool, device=pos.device)
-        text = torch.arange(length, device=pos.device).expand(batch, length)
-    text = text + state.origin  # PaliGemma's stock positions count from 1
-    if bool((pos.expand(batch, length) == text.to(pos.device))[keep.to(pos.device)].all()):
+    mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    if mask is not None and mask.shape[1] != length:
+        mask = None  # not a mask over these tokens alone
+    if state.adapter.one_d:
+        if input_ids is not None:
+            types = st.token_types(state, input_ids, None, batch, length, ref.device)
+        else:
+            types = _types_from_embeddings(owner, state, embeds)
+        types, images, videos = state.adapter.vision_inputs(owner, types, given)
+        return types.cpu(), (images, videos, None), mask, batch, length, ref.device
+    named = state.adapter.position_arguments(given)
+    grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
+    types_given = _audio_types(state, named)
+    if (grids[0] is not None or grids[1] is not None) and types_given is None and input_ids is None:
+        _grids_without_types(state)
+    _videos_without_types(state, grids[1], types_given)
+    types = st.token_types(state, input_ids, types_given, batch, length, ref.device)
+    if types.shape[1] != length:
         raise ValueError(
-            f"patched model: {type(hook.owner).__name__} got plain text position_ids together with images, which "
-            f"would place the images as stock does instead of by the design. An unpatched generate passes these "
-            f"when only the bare model was patched: patch the generation model itself, patch_model(model), not "
-            f"patch_model(model.model); when calling the model directly, pass position_ids=None"
+            f"patched model: mm_token_type_ids covers {types.shape[1]} tokens but the input has {length}; give "
+            f"mm_token_type_ids for every token"
+        )
+    return types.cpu(), grids, mask, batch, length, ref.device
+
+
+@torch.compiler.disable
+def placement(owner: nn.Module, state: st._State, given: dict) -> tuple[torch.Tensor, st.Continuation]:
+    """The position tensor of a fresh sequence and its continuation, from a forward's arguments by name.
+
+    Run eagerly, also inside ``torch.compile`` (a graph break): placing reads the layout off the tokens."""
+    types, grids, mask, _, _, device = _inputs(owner, state, given)
+    return st.place(state, types, grids, mask, device)
+
+
+def _new_tokens_are_text(owner: nn.Module, state: st._State, given: dict, length: int) -> None:
+    input_ids, types = given.get("input_ids"), given.get("mm_token_type_ids")
+    grids = [given.get(k) for k in ("image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos")]
+    if state.adapter.one_d and all(given.get(k) is None for k in _LM_VISION):
+        return  # image token ids without images are text in 1-D families, as in stock
+    if types is not None:
+        st.check_no_vision(types[:, -length:])
+    elif input_ids is not None:
+        st.check_no_vision(st.vision_in_ids(state, input_ids[:, -length:]))
+    elif any(g is not None for g in grids):
+        _grids_without_types(state)
+
+
+def _positions_of_call(owner: nn.Module, state: st._State, given: dict, cache: Any
+                       ) -> tuple[torch.Tensor, Optional[st.Continuation]]:
+    """Positions of a forward given no ``position_ids``: a fresh sequence is placed; new tokens after a cache
+    continue the prompt that cache holds (its :class:`~ropekit.hf.state.Continuation`)."""
+    ref = given.get("inputs_embeds") if given.get("inputs_embeds") is not None else given.get("input_ids")
+    cached, past = _cache_length(cache)
+    if not cached:
+        return placement(owner, state, given)
+    batch, length = ref.shape[:2]
+    _new_tokens_are_text(owner, state, given, length)
+    record = continuation_of(cache)
+    if record is None:
+        raise ValueError(
+            "patched model: this KV cache holds tokens the patched model did not place (it was filled with explicit "
+            "position_ids, by generate, or by another model), so where its text continues is not known; pass "
+            "position_ids for the new tokens (ropekit.hf.position_ids of the whole sequence, sliced), or prefill "
+            "through the patched model without position_ids"
+        )
+    mask = given.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    if mask is not None and (mask.shape[1] <= length or (isinstance(past, int) and mask.shape[1] != past + length)):
+        mask = None  # not a mask over cache + new tokens
+    return st.follow(record, mask, past, batch, length, ref.device), None
+
+
+def check_position_ids(state: st._State, pos: torch.Tensor, has_vision: bool, where: str) -> None:
+    """Refuse given ``position_ids`` that cannot drive this patch: not its row count, or 1-D text positions
+    for a sequence holding images or videos under a design that places them otherwise."""
+    rows = state.num_rows
+    if pos.ndim == 3 and pos.shape[0] in (rows, rows - 1):
+        return
+    layout = " + ".join(f"{name} ({axes})" for name, axes in state.rows)
+    fix = ("compute them with ropekit.hf.position_ids(model, **inputs) (packed rows: ropekit.hf.pack or "
+           "ropekit.hf.PackingCollator)")
+    if pos.ndim == 3:
+        raise ValueError(
+            f"patched model: {where} got position_ids with {pos.shape[0]} rows, but this patch takes {rows}: the "
+            f"text row, then {layout} rows{' (one block per AGE geometry)' if len(state.rows) > 1 else ''}; {fix}"
+        )
+    text_only = all(geo.design == "vanilla" for geo in state.geometries.values())
+    if has_vision and not text_only:
+        raise ValueError(
+            f"patched model: {where} got 1-D position_ids (text positions, such as DataCollatorWithFlattening's) "
+            f"together with images or videos; they would place every image token on the text axis. Pass the "
+            f"design's position tensor instead: {fix}"
         )
 
 
-def no_generation_position_ids(hook: Hook, *args: Any, **kwargs: Any) -> None:
-    """1-D families: ``generate`` passes no position ids, so the patched forward places every token itself."""
-    return None
+def _has_vision(state: st._State, given: dict) -> bool:
+    keys = ("image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos", "mm_encoder_outputs")
+    return any(given.get(k) is not None for k in keys)
 
 
-def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -> None:
-    """Place the prompt while ``generate`` still holds the grids; the model places every later token.
+def model_forward(hook: Hook, *args: Any, **kwargs: Any):
+    """The bare model's forward: place the tokens from the call's own arguments (or continue the cache's prompt)
+    and run the stock forward with that position tensor; given ``position_ids`` are checked and used as given."""
+    given = hook.bind(args, kwargs)
+    state = hook.state
+    pos = given.get("position_ids")
+    if pos is not None:
+        check_position_ids(state, pos, _has_vision(state, given), type(hook.owner).__name__)
+        return hook.call_previous(**given)
+    name = next((n for n in CACHE_NAMES if n in hook.names), CACHE_NAMES[0])
+    cache = cache_of(given)
+    if cache is None and given.get("use_cache") and not torch.jit.is_tracing():
+        from transformers import DynamicCache  # the cache the text model would create, made here to keep the
+        cache = DynamicCache(config=hook.text_config)  # prompt's continuation with it
+    given["position_ids"], record = _positions_of_call(hook.owner, state, given, cache)
+    if record is not None:
+        _keep_with(cache, record)
+    for other in CACHE_NAMES:
+        given.pop(other, None)
+    if cache is not None:
+        given[name] = cache
+    return hook.call_previous(**given)
 
-    Returning None keeps ``generate`` from passing (and extending) position ids of its own. Like
-    transformers, this sets the bare model's ``rope_deltas``; it also hands ``generate`` the token types,
-    so that tokens it generates are text by declaration, whatever their id.
+
+def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``generate``'s position ids: the design's position tensor of the prompt, which ``generate`` then carries
+    (and extends by one on every row per new token) as data.
+
+    Also hands ``generate`` the token types, so that tokens it generates are text by declaration, whatever their
+    id. Continuing from a cache a patched forward filled reads that cache's continuation.
     """
     given = hook.bind(args, kwargs)
     inputs_tensor, model_kwargs = given["inputs_tensor"], given["model_kwargs"]
     state = hook.state
-    state.stash = None
-    cached, _ = _cache_length(cache_of(model_kwargs))
-    if cached:
-        return None
+    inner = hook.inner
+    cache = cache_of(model_kwargs)
+    cached, past = _cache_length(cache)
     input_ids = model_kwargs.get("input_ids")
     if input_ids is None or input_ids.shape[1] == 0:
         is_ids = inputs_tensor.ndim == 2 and not inputs_tensor.is_floating_point()
         input_ids = inputs_tensor if is_ids else None
     batch, length = inputs_tensor.shape[:2]
-    named = state.adapter.position_arguments(model_kwargs)
-    grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
-    given = _audio_types(state, named, input_ids)
-    if (grids[0] is not None or grids[1] is not None) and given is None and input_ids is None:
-        _grids_without_types(state)
-    _videos_without_types(state, grids[1], given)
-    types = st.token_types(state, input_ids, given, batch, length, inputs_tensor.device)
     mask = model_kwargs.get("attention_mask")
-    mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
-    if (grids[0] is None and grids[1] is None and model_kwargs.get("mm_encoder_outputs")
-            and st.generated_prompt(state, types.cpu(), mask)):
-        grids = state.prompt.grids  # an assistant sharing this model: its generate got encoded images only
-    st.prefill(state, types.cpu(), grids, mask, inputs_tensor.device)
-    state.prompt.generated = True  # later uncached forwards of generate come without grids
-    hook.owner.model.rope_deltas = st.rope_deltas(state)
-    # generate extends these with zeros, so what it generates is declared text
-    if named.get("mm_token_type_ids") is None and state.adapter.takes_token_types:
-        types = state.prompt.types
-        model_kwargs["mm_token_type_ids"] = types.to(inputs_tensor.device)
-    state.stash, state.pending = (types.cpu(), mask, state.pending, state.prompt), None
-    return None
-
-
-def _called_by_stock_generate(depth: int = 6) -> bool:
-    """Whether a stock ``_prepare_position_ids_for_generation`` is among the nearest callers (a patched
-    generation model replaces that method by a hook that never asks for stock positions)."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "_prepare_position_ids_for_generation":
-            return True
-        frame = frame.f_back
-    return False
+    mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    if cached:
+        record = continuation_of(cache)
+        if record is None:
+            raise ValueError(
+                "patched model: generate continues from a cache the patched model did not fill itself (a "
+                "generate's own cache, or one filled with explicit position_ids); its text positions are not "
+                "known. Prefill the cache with a forward of the patched model, or generate from the whole sequence"
+            )
+        full = length if input_ids is None else input_ids.shape[1]
+        new = full - int(past) if mask is None else mask.shape[1] - int(past)
+        tail = st.follow(record, None if mask is None else mask, past, batch, new, inputs_tensor.device)
+        head = torch.zeros(tail.shape[0], batch, (full if mask is None else mask.shape[1]) - new,
+                           device=tail.device)
+        return torch.cat([head, tail], dim=2)
+    call = dict(model_kwargs)
+    call["input_ids"] = input_ids
+    if input_ids is None:
+        call["inputs_embeds"] = inputs_tensor if inputs_tensor.is_floating_point() else None
+    pos, record = placement(inner, state, call)
+    ends_in_text = torch.equal(record.start, pos[1:, :, -1] + 1)
+    if not ends_in_text:
+        raise ValueError(
+            "patched model: the prompt ends with an image or video block, so generate's rule for the next "
+            "token (the last position + 1 on every axis) would not give the design's own place for the text "
+            "after it; end the prompt with text (as chat templates do), or decode with your own loop and a cache"
+        )
+    types = state.adapter.takes_token_types and model_kwargs.get("mm_token_type_ids") is None
+    if types and not state.adapter.one_d:  # generate extends these with zeros: what it generates is text
+        named = state.adapter.position_arguments(model_kwargs)
+        if named.get("image_grid_thw") is not None or named.get("video_grid_thw") is not None:
+            types_cpu, _, _, _, _, _ = _inputs(inner, state, call)
+            model_kwargs["mm_token_type_ids"] = types_cpu.to(inputs_tensor.device)
+    return pos
 
 
 def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``get_rope_index`` of a patched model: the design's positions ``(3, B, L)`` and ``rope_deltas (B, 1)``,
+    """``get_rope_index`` of a patched model: the design's positions ``(A, B, L)`` and ``rope_deltas (B, 1)``,
     in transformers' conventions (padding at 0; integer tensors when every position is a whole number).
 
-    Refused where one position tensor cannot stand for the patch: layers with different geometries (AGE),
-    and the call an unpatched ``generate`` around a patched bare model makes (it would pass these positions
-    on and extend them with stock rules).
+    Refused where one position tensor in transformers' form cannot stand for the patch: layers with different
+    geometries (AGE); :func:`ropekit.hf.position_ids` gives every geometry's rows.
     """
-    if _called_by_stock_generate():
-        raise ValueError(
-            f"patched model: {type(hook.owner).__name__}.get_rope_index was called by the generate of an unpatched "
-            f"...ForConditionalGeneration around a bare model patched by ropekit; it would extend the positions "
-            f"by stock rules while decoding. Patch the generation model itself: patch_model(model), not "
-            f"patch_model(model.model)"
-        )
     state = hook.state
     given = state.adapter.position_arguments(hook.bind(args, kwargs))
     if len(state.geometries) > 1:
         raise ValueError(
             f"patched model: get_rope_index cannot describe this patch: its layers use {len(state.geometries)} "
-            f"geometries ({', '.join(state.geometries)}; an AGE schedule), each with positions of its own. Run a "
-            f"forward and read ropekit.hf.last_positions(model), or ropekit.index.rope_index(..., design=NAME)"
+            f"geometries ({', '.join(state.geometries)}; an AGE schedule), each with positions of its own. Use "
+            f"ropekit.hf.position_ids(model, **inputs), which gives every geometry's rows"
         )
     input_ids = given["input_ids"]
     batch, length = input_ids.shape[:2]
@@ -431,26 +378,80 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
+# the text model: attention masks from the text row
+
+
+def text_forward(hook: Hook, *args: Any, **kwargs: Any):
+    """The language model's forward given a position tensor: the masks transformers would build from 1-D
+    positions are built from its text row (row 0), then the stock forward runs with the whole tensor.
+
+    Without an attention mask and a cache, transformers reads packed sequences off the positions: packed rows
+    (the text row restarting) get a block-diagonal mask made from the text row; otherwise an all-ones mask stands
+    for "no padding", which builds the same mask as none.
+    """
+    given = hook.bind(args, kwargs)
+    pos, mask = given.get("position_ids"), given.get("attention_mask")
+    state = hook.state
+    if not (isinstance(pos, torch.Tensor) and pos.ndim == 3 and pos.shape[0] == state.num_rows) or mask is not None:
+        return hook.call_previous(**given)
+    cache = cache_of(given)
+    if cache is not None:
+        return hook.call_previous(**given)
+    embeds = given.get("inputs_embeds")
+    ref = embeds if embeds is not None else given["input_ids"]
+    batch, length = ref.shape[:2]
+    text = pos[0]
+    from transformers.masking_utils import find_packed_sequence_indices
+    config = hook.owner.config
+    packed = find_packed_sequence_indices(text) if not torch.compiler.is_compiling() else None
+    flash = "flash" in str(getattr(config, "_attn_implementation", ""))
+    if packed is None or flash:  # flash attention reads packed rows off the layers' 1-D position_ids
+        given["attention_mask"] = torch.ones(batch, length, dtype=torch.long, device=ref.device)
+        return hook.call_previous(**given)
+    given["attention_mask"] = _packed_masks(hook.owner, text, batch, length, ref)
+    return hook.call_previous(**given)
+
+
+def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length: int, ref: torch.Tensor):
+    """transformers' masks of packed rows from their 1-D text positions: one mask, or one per layer type."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    config = text_model.config
+    dtype = ref.dtype if ref.is_floating_point() else text_model.get_input_embeddings().weight.dtype
+    shape = torch.empty((batch, length, 0), dtype=dtype, device=ref.device)
+    common = dict(config=config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=text.long(),
+                  allow_is_causal_skip=False)
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds == {"full_attention"}:
+        return create_causal_mask(**common)
+    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    unknown = kinds - set(makers)
+    if unknown:
+        raise ValueError(f"patched model: packed rows with attention layer types {sorted(unknown)} are not supported")
+    return {kind: makers[kind](**common) for kind in kinds}
+
+
+# --------------------------------------------------------------------------------------------------
 # rotation
 
 
-def _fallback_positions(state: st._State, position_ids: torch.Tensor, batch: int, length: int) -> dict:
-    """Positions when the model was given ``position_ids`` itself (no design placement this forward)."""
+def _geometry_rows(state: st._State, position_ids: torch.Tensor, batch: int, length: int) -> dict:
+    """Each geometry's positions ``(A, B, L)`` from the position tensor the rotary is given: the whole tensor
+    (text row first), its geometry rows (transformers split off the text row), or 1-D text positions of a text-only
+    call (every axis of every geometry at the text position)."""
+    rows = state.num_rows
+    if position_ids.ndim == 3 and position_ids.shape[0] in (rows, rows - 1):
+        geo = position_ids[1:] if position_ids.shape[0] == rows else position_ids
+        return state.split(geo.expand(-1, batch, -1).float())
     ids = position_ids if position_ids.ndim == 3 else position_ids[None]
     ids = ids.expand(-1, batch, -1).float()
-    out = {}
-    for name, geo in state.geometries.items():
-        A = geo.W.shape[0]
-        if ids.shape[0] == A:
-            out[name] = ids
-        elif bool((ids == ids[:1]).all()):
-            out[name] = ids[:1].expand(A, -1, -1)
-        else:
-            raise ValueError(
-                f"patched model: explicit position_ids with {ids.shape[0]} axes cannot drive design {name!r} "
-                f"({A} axes); pass position_ids=None and let the patched model place the tokens"
-            )
-    return out
+    if ids.shape[0] != 1 and not bool((ids == ids[:1]).all()):
+        raise ValueError(
+            f"patched model: the rotary got position_ids with {ids.shape[0]} rows that differ, but this patch takes "
+            f"{rows} rows (text, then {', '.join(f'{n} ({a})' for n, a in state.rows)}); compute them with "
+            f"ropekit.hf.position_ids(model, **inputs)"
+        )
+    return {name: ids[:1].expand(axes, -1, -1) for name, axes in state.rows}
 
 
 def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optional[str] = None
@@ -467,92 +468,33 @@ def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optiona
     return torch.cat([c, c], dim=-1) * factor, torch.cat([s, s], dim=-1) * factor
 
 
-def _prompt_tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optional[str] = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_tables` of a prompt's positions ``pos``, evaluated together with its continuation table's,
-    which are kept for the decoding steps that follow (one evaluation per geometry and rotary table per forward)."""
-    table = state.prompt.table[name]
-    cos, sin = _tables(state, name, torch.cat([pos, table.to(pos.device)], dim=2), device, key)
-    n = pos.shape[2]
-    state.prompt.cos_sin[(name, key)] = (table, cos[:, n:], sin[:, n:])
-    return cos[:, :n].contiguous(), sin[:, :n].contiguous()  # as stock's tables are (a copy only when B > 1)
+def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of every geometry at the positions given (angles in float32).
 
-
-def _continuation_tables(state: st._State, name: str, device, key: Optional[str] = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of the whole continuation table of geometry ``name``, built once per table, rotary table and device.
-
-    Every entry is computed elementwise from its own position, so columns of these tables equal the tables
-    of those columns' positions bit for bit; a decoding step then slices them instead of evaluating cos/sin.
-    """
-    table = state.prompt.table[name]
-    cached = state.prompt.cos_sin.get((name, key))
-    if cached is None or cached[0] is not table or cached[1].device != device:
-        cached = state.prompt.cos_sin[(name, key)] = (table, *_tables(state, name, table, device, key))
-    return cached[1], cached[2]
-
-
-def _this_forward(state: st._State, key: Optional[str]) -> tuple[Optional[dict], Optional[tuple]]:
-    """(positions, run) placed for this forward, or (None, None) when the model was given ``position_ids``.
-
-    A placement is taken by the first rotary call after it. A text model with several rotary tables calls its
-    rotary once per table in the same forward (Gemma 3: once per layer type), so a call for a table not yet
-    served in this forward gets the same placement again; a second call for the same table is a new forward.
-    """
-    pending, state.pending = state.pending, None
-    run, state.run = state.run, None
-    if not state.variants:  # one table: one rotary call per forward
-        return pending, run
-    if pending is not None:
-        state.current = (pending, run, {key})
-        return pending, run
-    current = state.current
-    if current is not None and key not in current[2]:
-        current[2].add(key)
-        return current[0], current[1]
-    state.current = None
-    return None, None
-
-
-def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> _Embeddings:
-    """cos/sin of every geometry, once per forward (angles in float32).
-
-    Geometries with fixed frequencies evaluate a prompt's cos/sin together with its continuation table's,
-    and a decoding step that continues the prompt's text run (``state.run``) slices the latter
-    (:func:`_continuation_tables`).
+    One geometry: ``(cos, sin)`` as the stock rotary returns them. Several (AGE): every geometry's tables side by
+    side on the last dimension, in the order of the position tensor's blocks; each decoder layer takes its own
+    (:func:`layer_forward`). Plain tensors in a plain tuple, so wrappers that rebuild or cast the layers' arguments
+    (FSDP2 mixed precision, activation checkpointing) carry them whole.
     """
     given = hook.bind(args, kwargs)
     x, position_ids = given["x"], given.get("position_ids")
     state = hook.state
     key = _rotary_key(state, given)
     batch, length = x.shape[0], x.shape[1]
-    pending, run = _this_forward(state, key)
-    if run is None or run[0] is not pending:
-        run = None
-    if pending is None:  # the model was given position_ids: no placement this forward
-        pending, run = _fallback_positions(state, position_ids, batch, length), None
-    elif any(tuple(p.shape[1:]) != (batch, length) for p in pending.values()):
-        shape = tuple(next(iter(pending.values())).shape[1:])
-        raise RuntimeError(
-            f"patched model: the tokens were placed for a batch of shape {shape} but the language model runs "
-            f"{(batch, length)}; this call path is not supported by ropekit's patch (please report it)"
-        )
-    geoms = {}
+    if position_ids is None:
+        position_ids = torch.arange(length, device=x.device)[None].expand(batch, -1)
+    pos = _geometry_rows(state, position_ids, batch, length)
+    if not torch.compiler.is_compiling():
+        state.observed = dict(pos)
+    cos, sin = [], []
     with torch.no_grad():
-        for name, geo in st.rotary(state, key)[0].items():
-            fixed = run is not None and geo.scaling is None
-            if fixed and run[1] is None:
-                cos, sin = _prompt_tables(state, name, pending[name], x.device, key)
-            elif fixed:
-                cos, sin = _continuation_tables(state, name, x.device, key)
-                cos, sin = (t[:, run[1]:run[1] + run[2]].contiguous() for t in (cos, sin))
-            else:
-                cos, sin = _tables(state, name, pending[name], x.device, key)
-            geoms[name] = (cos, sin) if state.float32_tables else (cos.to(x.dtype), sin.to(x.dtype))
-    first = geoms[state.layer_geometry[0]]
-    out = _Embeddings(first)
-    out.geoms, out.positions = geoms, pending
-    return out
+        for name in st.rotary(state, key)[0]:
+            c, s = _tables(state, name, pos[name], x.device, key)
+            cos.append(c if state.float32_tables else c.to(x.dtype))
+            sin.append(s if state.float32_tables else s.to(x.dtype))
+    if len(cos) == 1:
+        return cos[0], sin[0]
+    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
 def _rotary_key(state: st._State, given: dict) -> Optional[str]:
@@ -563,17 +505,19 @@ def _rotary_key(state: st._State, given: dict) -> Optional[str]:
 
 
 def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
-    """Run the layer with the cos/sin of its own geometry."""
-    at = hook.names.index("position_embeddings")
-    emb = kwargs.get("position_embeddings") if len(args) <= at else args[at]
-    if isinstance(emb, _Embeddings):
-        own = emb.geoms[hook.geometry]
-        if len(args) > at:
-            args = args[:at] + (own,) + args[at + 1:]
-        else:
-            kwargs["position_embeddings"] = own
-        hook.state.last[hook.index] = emb.positions[hook.geometry]
-    return hook.call_previous(*args, **kwargs)
+    """Run the layer with the cos/sin of its own geometry (its block of the tables the rotary put side by side) and
+    the text row as its 1-D ``position_ids`` (what flash attention reads packed rows off)."""
+    given = hook.bind(args, kwargs)
+    emb = given.get("position_embeddings")
+    if emb is not None and hook.blocks > 1:
+        cos, sin = emb
+        width = cos.shape[-1] // hook.blocks
+        at = hook.block * width
+        given["position_embeddings"] = (cos[..., at:at + width], sin[..., at:at + width])
+    pos = given.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.ndim == 3:
+        given["position_ids"] = pos[0].long()
+    return hook.call_previous(**given)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -604,7 +548,7 @@ def contract(fn: Callable, adapter: Any) -> Contract:
     position parameters (:attr:`~ropekit.hf.adapters.Adapter.position_params`, read by its
     ``position_arguments``); ``get_rope_index`` needs no ``mm_token_type_ids`` where the family takes none."""
     base = CONTRACTS[fn]
-    if fn is compute_3d_position_ids or fn is get_rope_index:
+    if fn is get_rope_index:
         base = base.widened(adapter.position_params)
     if fn is get_rope_index and not adapter.takes_token_types:
         base = Contract(base.known, (("input_ids",),), base.var_keyword)
@@ -612,21 +556,19 @@ def contract(fn: Callable, adapter: Any) -> Contract:
 
 
 CONTRACTS: dict[Callable, Contract] = {
-    compute_3d_position_ids: Contract(
-        frozenset({"input_ids", "inputs_embeds", "attention_mask"}) | _CACHE | _GRIDS,
-        required=(("input_ids",), ("inputs_embeds",), ("attention_mask",), CACHE_NAMES),
-    ),
+    model_forward: MULTIMODAL_FORWARD,
     get_rope_index: Contract(
         frozenset({"input_ids", "attention_mask"}) | _GRIDS, required=(("input_ids",), ("mm_token_type_ids",)),
     ),
-    lm_forward: LM_FORWARD,
     prepare_position_ids_for_generation: Contract(
         frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),
     ),
-    no_generation_position_ids: Contract(
-        frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),
-    ),
     rotary_forward: Contract(frozenset({"x", "position_ids"}), required=(("x",), ("position_ids",))),
+    text_forward: Contract(
+        frozenset({"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "cache_position",
+                   "output_attentions", "output_hidden_states", "return_dict"}) | _CACHE,
+        required=(("attention_mask",), ("position_ids",), ("inputs_embeds",)), var_keyword=True,
+    ),
     layer_forward: Contract(
         frozenset({"hidden_states", "attention_mask", "position_ids", "use_cache", "cache_position",
                    "position_embeddings", "output_attentions"}) | _CACHE,

@@ -33,8 +33,8 @@ from .adapters import ADAPTERS, REFUSED, Adapter
 from . import boundary, hooks, persist
 from .state import _Geometry, _State
 
-__all__ = ["patch_model", "unpatch_model", "last_positions", "layer_designs", "is_patched", "supported_models",
-           "SUPPORTED_MODEL_TYPES"]
+__all__ = ["patch_model", "unpatch_model", "position_ids", "position_rows", "last_positions", "layer_designs",
+           "is_patched", "supported_models", "SUPPORTED_MODEL_TYPES"]
 
 # model_type -> (native allocation for a 3-axis design, default mrope_section in the config's own order)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -91,19 +91,14 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     boundary.check_version("patch_model")
     checks = [(type(text.rotary_emb), "forward", _rotary_contract(adapter))]
     checks += [(t, "forward", _layer_contract(adapter)) for t in dict.fromkeys(map(type, text.layers))]
-    if adapter.one_d:
-        forward = _lm_contract(adapter)
-        checks += [(type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
-        prepare = hooks.no_generation_position_ids
-    else:
-        forward = hooks.MULTIMODAL_FORWARD.widened(adapter.forward_params)
-        checks += [(type(inner), "compute_3d_position_ids", hooks.contract(hooks.compute_3d_position_ids, adapter)),
-                   (type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
-        prepare = hooks.prepare_position_ids_for_generation
+    checks += [(type(text), "forward", _text_contract(adapter))]
+    forward = _forward_contract(adapter)
+    checks += [(type(inner), "forward", forward), (type(top) if top else None, "forward", forward)]
     if hasattr(inner, "get_rope_index"):
         checks.append((type(inner), "get_rope_index", hooks.contract(hooks.get_rope_index, adapter)))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
-        checks.append((type(top), "_prepare_position_ids_for_generation", hooks.CONTRACTS[prepare]))
+        checks.append((type(top), "_prepare_position_ids_for_generation",
+                       hooks.CONTRACTS[hooks.prepare_position_ids_for_generation]))
     boundary.check_all(checks)
 
 
@@ -112,9 +107,16 @@ def _layer_contract(adapter: Adapter) -> boundary.Contract:
     return hooks.CONTRACTS[hooks.layer_forward].widened(adapter.layer_params)
 
 
-def _lm_contract(adapter: Adapter) -> boundary.Contract:
-    """A 1-D family's forward hook contract, with the parameters the family's forwards add (handed on unread)."""
-    return hooks.LM_FORWARD.widened(adapter.forward_params)
+def _forward_contract(adapter: Adapter) -> boundary.Contract:
+    """The bare model's forward hook contract (also what ``generate`` hands the generation model), with the
+    parameters the family's forwards add (handed on unread) and its own position parameters."""
+    base = hooks.LM_FORWARD if adapter.one_d else hooks.MULTIMODAL_FORWARD
+    return base.widened(adapter.forward_params | adapter.position_params)
+
+
+def _text_contract(adapter: Adapter) -> boundary.Contract:
+    """The language model's forward hook contract, with the parameters the family's forwards add."""
+    return hooks.CONTRACTS[hooks.text_forward].widened(adapter.forward_params | adapter.text_params)
 
 
 def _rotary_contract(adapter: Adapter) -> boundary.Contract:
@@ -389,21 +391,20 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         audio_token_id=getattr(inner.config, "audio_token_id", None),
         interleave=adapter.interleave(inner.config),
     )
-    if adapter.one_d:
-        hooks.install(inner, "forward", hooks.lm_forward, state, contract=_lm_contract(adapter))
-    else:
-        hooks.install(inner, "compute_3d_position_ids", hooks.compute_3d_position_ids, state,
-                      contract=hooks.contract(hooks.compute_3d_position_ids, adapter))
+    hooks.install(inner, "forward", hooks.model_forward, state, contract=_forward_contract(adapter),
+                  text_config=text.config)
+    hooks.install(text, "forward", hooks.text_forward, state, contract=_text_contract(adapter))
     hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state, contract=_rotary_contract(adapter))
+    blocks = list(geometries)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, contract=_layer_contract(adapter), index=i,
-                      geometry=names[i])
+                      geometry=names[i], block=blocks.index(names[i]), blocks=len(blocks))
     if hasattr(inner, "get_rope_index"):
         hooks.install(inner, "get_rope_index", hooks.get_rope_index, state,
                       contract=hooks.contract(hooks.get_rope_index, adapter))
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
-        prepare = hooks.no_generation_position_ids if adapter.one_d else hooks.prepare_position_ids_for_generation
-        hooks.install(top, "_prepare_position_ids_for_generation", prepare, state)
+        hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state,
+                      inner=inner)
     inner.__dict__[_STATE_ATTR] = state
     return model
 
@@ -423,7 +424,7 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: 
     for layer in text.layers:
         hooks.remove(layer, "forward")
     hooks.remove(text.rotary_emb, "forward")
-    hooks.remove(inner, "compute_3d_position_ids")
+    hooks.remove(text, "forward")
     hooks.remove(inner, "get_rope_index")
     hooks.remove(inner, "forward")
     inner.__dict__.pop(_STATE_ATTR, None)
@@ -432,11 +433,41 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: 
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:
-    """Positions ``(A, B, L)`` float32 each decoder layer used in the model's last forward."""
+    """Positions ``(A, B, L)`` float32 each decoder layer used in the model's last eager forward (for inspection;
+    no forward reads them: the positions a forward uses are its ``position_ids``, see :func:`position_ids`)."""
     state = _state(model)
     if state is None:
         raise ValueError("last_positions: the model is not patched (call ropekit.hf.patch_model first)")
-    return dict(state.last)
+    if not state.observed:
+        return {}
+    return {i: state.observed[name] for i, name in enumerate(state.layer_geometry)}
+
+
+def position_ids(model: nn.Module, input_ids: Optional[torch.Tensor] = None, **inputs: Any) -> torch.Tensor:
+    """The position tensor a patched ``model`` uses for a batch: what its forward computes when given no
+    ``position_ids``, and what it takes as ``position_ids`` unchanged.
+
+    ``inputs`` are what the processor returns (``attention_mask``, ``image_grid_thw``, ``video_grid_thw``,
+    ``mm_token_type_ids``, ``pixel_values``, ``image_sizes``, audio lengths …; ``inputs_embeds`` instead of
+    ``input_ids``). The tensor is ``(R, B, L)`` float32: row 0 the 1-D text position of each token (the count of
+    unmasked tokens before it; transformers builds attention masks and packed-sequence boundaries from it), then
+    the rows of each geometry the layers use, in :func:`position_rows` order (with AGE, one block per design).
+    With one 3-axis design this is transformers' own ``[text; t; h; w]`` form. Padding sits at 0.
+    """
+    state = _state(model)
+    if state is None:
+        raise ValueError("position_ids: the model is not patched (call ropekit.hf.patch_model first)")
+    _, inner, _, _ = _parts(model)
+    given = dict(inputs, input_ids=input_ids)
+    return hooks.placement(inner, state, given)[0]
+
+
+def position_rows(model: nn.Module) -> list[tuple[str, int]]:
+    """The rows of a patched model's position tensor after the text row: ``(design, axes)`` per geometry, in order."""
+    state = _state(model)
+    if state is None:
+        raise ValueError("position_rows: the model is not patched (call ropekit.hf.patch_model first)")
+    return state.rows
 
 
 def layer_designs(model: nn.Module) -> list[str]:

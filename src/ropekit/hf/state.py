@@ -1,10 +1,12 @@
-"""Position state of a patched model: the placed prompt, the text that may follow it, decode offsets.
+"""Placement for a patched model: the position tensor of a batch, and where the text after it goes.
 
-At the prompt every geometry places the prompt followed by ``FOLLOW`` text tokens and keeps the
-positions of that run (the continuation table); a cached forward reads the positions of its new tokens
-off that table, so ``generate`` sees exactly what one teacher-forced forward over the whole sequence
-gives. Reading the table is plain tensor arithmetic (no data-dependent Python branching), so a decoding
-step compiles with ``torch.compile(fullgraph=True)``.
+A patched model's positions are data. :func:`place` turns what the processor returns (token types, grids,
+attention mask) into one tensor ``(R, B, L)``: row 0 the 1-D text position of every token (what transformers
+builds its attention masks and packed-sequence boundaries from), then the rows of every geometry in the order
+of :attr:`_State.geometries` (with an AGE schedule, one block of rows per design). The forward takes that
+tensor as ``position_ids`` and applies it unchanged. Where the text that follows a prompt goes (every
+design continues a text run by one step on every axis) is a :class:`Continuation`, which the patch keeps
+with the KV cache the prompt filled, so a cached step of one request never reads another request's positions.
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from ..layout import AUDIO, Audio, Image, Layout, Text, VideoAudio
 from ..rotations.scaling import scale_frequencies
 from .adapters import Adapter
 
-FOLLOW = 64  # text tokens placed ahead at the prompt; eager decoding doubles the table when it runs past
 
 
 @dataclass
@@ -37,17 +38,24 @@ class _Geometry:
 
 @dataclass
 class _Prompt:
-    """A placed prompt (un-expanded batch) and the positions of the text that may follow it."""
+    """A prompt as placed (un-expanded batch)."""
 
     types: torch.Tensor  # (B, L) token types as placed, on the CPU
     mask: Optional[torch.Tensor]  # (B, L) 0/1 on the CPU, or None
     grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts) as placed
-    counts: torch.Tensor  # (B,) valid prompt tokens, on the model's device
-    table: dict[str, torch.Tensor]  # per geometry (A, B, M) on the model's device: the next M text tokens
-    positions: dict = field(default_factory=dict)  # per geometry (A, B, L) on the model's device: the prompt's own
-    dense: bool = False  # no padding in the prompt: every row's text continues at the same table column
-    cos_sin: dict = field(default_factory=dict)  # per geometry (table, cos, sin) of the table (hooks build it)
-    generated: bool = False  # placed by ``generate``, which drops the grids after the first forward
+    counts: torch.Tensor  # (B,) valid prompt tokens, on the CPU
+
+
+@dataclass
+class Continuation:
+    """Where the text after a placed prompt goes, kept with the KV cache that prompt filled.
+
+    Text token ``j`` after the prompt (``j = 0`` the first) sits at ``start + j`` on every geometry row.
+    """
+
+    start: torch.Tensor  # (R - 1, B) float32: every geometry row's position of the first text token after it
+    counts: torch.Tensor  # (B,) valid tokens of the prompt
+    length: int  # the prompt's padded length
 
 
 @dataclass
@@ -65,13 +73,10 @@ class _State:
     temporal_merge: int = 1  # video grid steps per token step (ERNIE-4.5-VL's temporal_merge_size)
     layout: str = "half"  # the model's cos/sin layout of a frequency pair (Adapter.pair_layout)
     float32_tables: bool = False  # hand the layers float32 cos/sin whatever the activations' dtype
-    prompt: Optional[_Prompt] = None  # the last prompt placed, for cached decoding
-    pending: Optional[dict[str, torch.Tensor]] = None  # positions for the next rotary call, (A, B, L)
-    stash: Optional[tuple] = None  # (token types, mask, positions) placed by generate before it drops the grids
-    run: Optional[tuple] = None  # (pending, start, length): pending is the prompt's table from column start
-    # (start None: pending is the prompt itself)
     vision_ids: dict = field(default_factory=dict)  # device -> tensor of the image/video token ids
-    last: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: a record for inspection (:func:`ropekit.hf.last_positions`): each geometry's positions in the last eager
+    #: forward; written by the rotary, never read by a forward
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)
     seen: dict[tuple, tuple[int, torch.Tensor]] = field(default_factory=dict)  # dynamic NTK: (length, W) per table
     # families whose text model has several rotary tables (Adapter.rope_variants): key -> (geometries with that
     # table's frequencies, its attention factor); empty: ``geometries`` and ``scaling`` serve every layer
@@ -79,7 +84,24 @@ class _State:
     audio_token_id: Optional[int] = None  # the audio token, marked (AUDIO) only where a video's audio is interleaved
     interleave: Optional[tuple] = None  # (order, chunk) of a VideoAudio block (Adapter.interleave), or None
     origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
-    current: Optional[tuple] = None  # (positions, run, keys served) of this forward, for rotaries called once per key
+
+    @property
+    def rows(self) -> list[tuple[str, int]]:
+        """``(geometry, axes)`` of the position tensor's rows after the text row, in order."""
+        return [(name, int(geo.W.shape[0])) for name, geo in self.geometries.items()]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the position tensor: the text row plus every geometry's axes."""
+        return 1 + sum(a for _, a in self.rows)
+
+    def split(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The geometry rows ``(R - 1, B, L)`` of a position tensor, by geometry."""
+        out, at = {}, 0
+        for name, axes in self.rows:
+            out[name] = rows[at:at + axes]
+            at += axes
+        return out
 
 
 def rotary(state: _State, key: Optional[str]) -> tuple[dict[str, _Geometry], float]:
@@ -282,7 +304,7 @@ def _place_interleaved(state: _State, prompt: _Prompt, extra: int) -> dict[str, 
     return out
 
 
-def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> _Prompt:
+def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor]) -> _Prompt:
     """A fresh sequence as placed: vision tokens without any grid and hidden tokens become text, grid rows of
     hidden images are dropped (as transformers consumes them). ``types``/``mask`` are on the CPU."""
     if grids[0] is None and grids[1] is None:
@@ -292,152 +314,82 @@ def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
         types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
     length = types.shape[1]
     counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
-    return _Prompt(types, mask, grids, counts.to(device), {}, dense=bool((counts == length).all()))
+    return _Prompt(types, mask, grids, counts)
 
 
-def prefill(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> None:
-    """Positions of a fresh sequence for every geometry, plus where the text after it goes.
+def text_row(mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> torch.Tensor:
+    """The 1-D text positions ``(B, L)`` of ``length`` tokens after ``past`` cached ones, as transformers builds
+    them: the count of unmasked tokens before each (padding at 0) with a 2-D ``mask`` over cache and new tokens,
+    else ``past + i``."""
+    if mask is not None:
+        keep = mask != 0
+        return (keep.long().cumsum(-1) - 1)[:, -length:].masked_fill(~keep[:, -length:], 0).to(device)
+    return (torch.arange(length, device=device) + past).expand(batch, length)
+
+
+def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device
+          ) -> tuple[torch.Tensor, Continuation]:
+    """The position tensor ``(R, B, L)`` float32 of a fresh sequence, and where the text after it goes.
 
     ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts).
     Without any grid every token is text, as in transformers (image tokens with no grid are placed as text).
     """
-    prompt = _prompt(state, types, grids, mask, device)
-    length = types.shape[1]
-    placed = _place(state, prompt, FOLLOW)
-    prompt.table = {n: p[:, :, length:].to(device) for n, p in placed.items()}
-    state.prompt = prompt
-    state.pending = prompt.positions = {n: p[:, :, :length].to(device) for n, p in placed.items()}
-    state.run = (state.pending, None, 0)  # the rotary hook evaluates the continuation's cos/sin with the prompt's
+    prompt = _prompt(state, types, grids, mask)
+    batch, length = types.shape
+    placed = _place(state, prompt, 1)  # the prompt and one text token after it
+    geo = torch.cat([placed[name] for name in state.geometries], dim=0).float()
+    text = text_row(mask, 0, batch, length, "cpu").float()
+    pos = torch.cat([text[None], geo[:, :, :length]], dim=0).to(device)
+    return pos, Continuation(geo[:, :, length].to(device), prompt.counts.to(device), length)
+
+
+def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device
+           ) -> torch.Tensor:
+    """The position tensor ``(R, B, length)`` of text tokens after ``past`` cached ones of a placed prompt.
+
+    With a 2-D ``mask`` over cache and new tokens, token ``i`` is text token (unmasked tokens since the prompt)
+    after it; without one, text token ``past + i − L`` after a prompt of padded length ``L`` (generate's layout).
+    Plain tensor arithmetic: a decoding step compiles with ``fullgraph=True``.
+    """
+    base = record.counts.shape[0]
+    if batch % base:
+        raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} sequences of this cache")
+    k = batch // base
+    start = record.start.repeat_interleave(k, dim=1) if k > 1 else record.start
+    counts = record.counts.repeat_interleave(k) if k > 1 else record.counts
+    step = torch.arange(length, device=device)
+    text = text_row(mask, past, batch, length, device)
+    if mask is not None:
+        new = (mask != 0)[:, -length:].to(device)
+        after = text - counts[:, None].to(device)
+    else:
+        new = torch.ones(batch, length, dtype=torch.bool, device=device)
+        after = (past - record.length + step).expand(batch, length)
+    if not torch.compiler.is_compiling() and bool((after[new] < 0).any()):
+        raise ValueError(
+            "patched model: a cached forward gives tokens the cache already holds (fewer cached tokens than the "
+            "prompt placed with it); pass their position_ids (ropekit.hf.position_ids) or rerun without the cache"
+        )
+    geo = start.to(device)[:, :, None] + after[None].to(torch.float32)
+    geo = geo.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass
+    return torch.cat([text[None].float(), geo], dim=0)
 
 
 def index(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> tuple:
     """``(positions (A, B, L), rope_deltas (B, 1))`` of a sequence under the first layer's geometry, as
-    transformers' ``get_rope_index`` returns its own; the patch state is left as it was."""
-    prompt = _prompt(state, types, grids, mask, device)
+    transformers' ``get_rope_index`` returns its own."""
+    prompt = _prompt(state, types, grids, mask)
     pos = _place(state, prompt, 0)[state.layer_geometry[0]].to(device)
     return pos, _deltas(pos, prompt, state.adapter.integer_positions)
-
-
-def rope_deltas(state: _State) -> Optional[torch.Tensor]:
-    """transformers' ``rope_deltas`` of the last prompt: largest position + 1 − valid tokens, ``(B, 1)``.
-
-    Read from the first layer's geometry; integer (as transformers) when the positions are whole numbers.
-    """
-    if state.prompt is None or state.pending is None:
-        return None
-    return _deltas(state.pending[state.layer_geometry[0]], state.prompt, state.adapter.integer_positions)
 
 
 def _deltas(pos: torch.Tensor, prompt: _Prompt, integer: bool = True) -> torch.Tensor:
     valid = torch.ones(pos.shape[1:], dtype=torch.bool) if prompt.mask is None else prompt.mask.bool()
     top = pos.masked_fill(~valid.to(pos.device)[None], float("-inf")).amax(dim=(0, 2))
-    top = torch.where(prompt.counts > 0, top, torch.zeros_like(top))  # an all-padding row has delta 0
-    delta = (top.double() + 1 - prompt.counts.double())[:, None]
+    counts = prompt.counts.to(pos.device)
+    top = torch.where(counts > 0, top, torch.zeros_like(top))  # an all-padding row has delta 0
+    delta = (top.double() + 1 - counts.double())[:, None]
     return delta.long() if integer and bool((delta == delta.round()).all()) else delta.float()
-
-
-def from_stash(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], mask_4d: bool = False) -> bool:
-    """Use the positions ``generate`` placed for this prompt (it hands the grids to the vision tower only).
-
-    ``mask_4d``: the forward got a 4-D mask or a dict of them (generate builds those from its 2-D mask
-    for compileable caches), so only the token types can be compared.
-    """
-    stash, state.stash = state.stash, None
-    if stash is None:
-        return False
-    s_types, s_mask, s_pos, s_prompt = stash
-    batch = types.shape[0]
-    k = 1
-    if batch != s_types.shape[0]:
-        if batch % s_types.shape[0]:
-            return False
-        k = batch // s_types.shape[0]
-        s_types = s_types.repeat_interleave(k, dim=0)
-        s_mask = None if s_mask is None else s_mask.repeat_interleave(k, dim=0)
-    if s_types.shape != types.shape:
-        return False
-    if torch.compiler.is_compiling():  # no data-dependent branch in a graph: a mismatch is a device-side error
-        _assert_stash(s_types, s_mask, types, mask, mask_4d)
-    elif not torch.equal(s_types, types.cpu()):
-        return False
-    elif mask is None and not mask_4d:
-        if not (s_mask is None or bool((s_mask == 1).all())):
-            return False
-    elif not (mask is None or (s_mask is None and bool((mask == 1).all())) or (
-            s_mask is not None and torch.equal(mask, s_mask))):
-        return False
-    state.prompt = s_prompt
-    state.pending = {n: p.repeat_interleave(k, dim=1) for n, p in s_pos.items()} if k > 1 else s_pos
-    return True
-
-
-def _assert_stash(s_types: torch.Tensor, s_mask: Optional[torch.Tensor], types: torch.Tensor,
-                  mask: Optional[torch.Tensor], mask_4d: bool) -> None:
-    """Inside a compiled forward: check on the device that the prompt is the one ``generate`` placed (as the
-    eager comparison in :func:`from_stash` does; a 4-D mask is not compared)."""
-    same = (s_types.to(types.device) == types).all()
-    if mask_4d:
-        pass
-    elif mask is not None:
-        want = torch.ones_like(mask) if s_mask is None else s_mask.to(mask.device)
-        same = same & (mask == want).all()
-    elif s_mask is not None:
-        same = same & (s_mask == 1).all()
-    torch._assert_async(same, "patched model: a compiled forward got a prompt other than the one generate "
-                              "placed for it (token types or attention mask differ); run this prompt eagerly")
-
-
-def generated_prompt(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
-    """Whether ``types`` and ``mask`` (CPU; mask 0/1 or None) are the prompt the last ``generate`` placed with
-    grids. ``generate`` hands the grids to the vision encoder and drops them, so a second look at the same
-    prompt within one generation (an assistant model sharing this instance, the verifying forward of assisted
-    decoding) comes without them."""
-    prompt = state.prompt
-    if prompt is None or not prompt.generated or (prompt.grids[0] is None and prompt.grids[1] is None):
-        return False
-    if types.shape != prompt.types.shape:
-        return False
-    p_mask = torch.ones_like(prompt.types) if prompt.mask is None else prompt.mask
-    mask = torch.ones_like(types) if mask is None else mask
-    return torch.equal(mask, p_mask) and torch.equal(types.masked_fill(p_mask == 0, 0), prompt.types)
-
-
-def continue_generated(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], device) -> bool:
-    """Place an uncached forward of ``generate(use_cache=False)`` that continues its prompt.
-
-    ``generate`` hands the grids over at the first forward only, so every later forward re-reads the whole
-    sequence without them. When the prompt came from ``generate`` with grids and this forward's token types
-    (``types``, CPU) and 2-D ``mask`` (CPU or None) start with it, the prompt is placed with its own grids
-    followed by the new text tokens, which is what a cached step reads off the continuation table. Returns
-    whether it did; new image/video tokens or padding after such a prompt are refused (no grids to place
-    them with).
-    """
-    prompt = state.prompt
-    if prompt is None or not prompt.generated or (prompt.grids[0] is None and prompt.grids[1] is None):
-        return False
-    base, size = prompt.types.shape
-    batch, length = types.shape
-    if batch % base or length <= size:
-        return False
-    k = batch // base
-    p_types, p_mask = prompt.types.repeat_interleave(k, 0), prompt.mask
-    p_mask = torch.ones_like(p_types) if p_mask is None else p_mask.repeat_interleave(k, 0)
-    head = types[:, :size].masked_fill(p_mask == 0, 0)  # hidden tokens were placed as skipped text
-    if not torch.equal(head, p_types) or (mask is not None and not torch.equal(mask[:, :size], p_mask)):
-        return False
-    if bool(types[:, size:].any()) or (mask is not None and not bool(mask[:, size:].all())):
-        raise ValueError(
-            "patched model: an uncached forward continues the prompt generate placed, but its new tokens hold "
-            "image/video tokens (mm_token_type_ids or the image/video token id) or padding, and generate no "
-            "longer passes the grids; pass image_grid_thw/video_grid_thw for the whole sequence"
-        )
-    placed = _place(state, prompt, length - size)
-    state.pending = {n: (p.repeat_interleave(k, dim=1) if k > 1 else p).to(device) for n, p in placed.items()}
-    return True
-
-
-# --------------------------------------------------------------------------------------------------
-# cached decoding
 
 
 def vision_in_ids(state: _State, input_ids: torch.Tensor) -> torch.Tensor:
@@ -467,83 +419,6 @@ def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
         torch._assert_async(~bad.any(), message)  # checked on the device, no graph break
     elif bool(bad.any()):
         raise ValueError(message)
-
-
-def decode(state: _State, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> None:
-    """Positions of ``length`` new text tokens after ``past`` cached ones, read off each geometry's table.
-
-    ``past`` is an int or a 0-d tensor (static caches); ``mask`` a 2-D 0/1 mask over cache + new tokens
-    or None. Without a mask, token ``i`` of this step is text token ``past + i − L`` after a prompt of
-    padded length ``L`` (generate's layout); with one, the count of unmasked tokens since the prompt.
-    """
-    prompt = state.prompt
-    if prompt is None:
-        raise ValueError(
-            "patched model: a cached forward needs the prompt to have gone through the patched model first "
-            "(call patch_model before the prefill, or rerun without past_key_values)"
-        )
-    base = prompt.counts.shape[0]
-    if batch % base:
-        raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} cached sequences")
-    k = batch // base
-    size = next(iter(prompt.table.values())).shape[2]
-    start = _run_start(prompt, mask, past, k)
-    if start is not None and start + length <= size:  # what the general path below gives, as plain slices
-        state.pending = {name: table[:, :, start:start + length] for name, table in prompt.table.items()}
-        state.run = (state.pending, start, length)
-        return
-    counts = prompt.counts.repeat_interleave(k) if k > 1 else prompt.counts
-    step = torch.arange(length, device=device)
-    if mask is not None:
-        keep = mask != 0
-        after = keep.long().cumsum(-1)[:, -length:] - 1 - counts[:, None]
-        new = keep[:, -length:]
-    else:
-        after = (past - prompt.types.shape[1] + step).expand(batch, length).to(device)
-        new = torch.ones(batch, length, dtype=torch.bool, device=device)
-    inside = (after < 0) & new  # tokens of the prompt given again (an assistant re-reading its last token)
-    after = after.clamp(min=0)  # text tokens since the prompt
-    if not torch.compiler.is_compiling():
-        need = int(after.max()) + 1 if after.numel() else 0
-        if need > size:  # eager only: place further ahead so every position comes from the design itself
-            grow = max(2 * size, need)
-            placed = _place(state, prompt, grow)
-            prompt.table = {n: p[:, :, -grow:].to(device) for n, p in placed.items()}
-            size = grow
-    state.pending = {name: _read(table, after, new, k) for name, table in prompt.table.items()}
-    if torch.compiler.is_compiling() or bool(inside.any()):
-        column = (past + step).clamp(max=prompt.types.shape[1] - 1).expand(batch, length).to(device)
-        for name, pos in state.pending.items():
-            own = prompt.positions[name].repeat_interleave(k, dim=1) if k > 1 else prompt.positions[name]
-            own = own.gather(2, column[None].expand(own.shape[0], -1, -1))
-            state.pending[name] = torch.where(inside[None], own.to(pos.dtype), pos)
-
-
-def _run_start(prompt: _Prompt, mask: Optional[torch.Tensor], past: Any, k: int) -> Optional[int]:
-    """The table column where this step's tokens start when they are one run of text right after the
-    cache for every row (eager, unexpanded batch, no padding anywhere), else None.
-
-    Then token ``i`` of the step is text token ``past − L + i`` after the prompt of length ``L`` in every
-    row, which is exactly what the general path computes, so the step can read plain slices of the table.
-    """
-    if k != 1 or not isinstance(past, int) or torch.compiler.is_compiling():
-        return None
-    if mask is not None and not (prompt.dense and bool(mask.all())):
-        return None
-    start = past - prompt.types.shape[1]
-    return start if start >= 0 else None
-
-
-def _read(table: torch.Tensor, after: torch.Tensor, new: torch.Tensor, k: int) -> torch.Tensor:
-    """Entries ``after`` of a continuation table ``(A, B, M)``, continued with its last step past the end."""
-    t = table.repeat_interleave(k, dim=1) if k > 1 else table
-    size = t.shape[2]
-    idx = after.clamp(max=size - 1)
-    pos = t.gather(2, idx[None].expand(t.shape[0], -1, -1))
-    if size > 1:  # compiled decoding past the table: the text run keeps its last step
-        slope = (t[:, :, -1] - t[:, :, -2])[:, :, None]
-        pos = pos + (after - idx)[None].to(pos.dtype) * slope
-    return pos.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass
 
 
 # --------------------------------------------------------------------------------------------------

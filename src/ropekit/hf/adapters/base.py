@@ -71,6 +71,9 @@ class Adapter:
     #: decoder layers' forward, that the family adds and the patch hands on unread (MoE routing switches)
     forward_params: frozenset = frozenset()
     layer_params: frozenset = frozenset()
+    #: parameters of the language model's forward that the family adds and the patch hands on unread (Qwen3-VL's
+    #: DeepStack visual features)
+    text_params: frozenset = frozenset()
     #: parameters of the text model's rotary forward beyond ``x`` and ``position_ids``, each call picking one of
     #: several rotary tables (Gemma 3's ``layer_type``: its sliding-window and global layers use different bases);
     #: such a family also states the tables in :meth:`rope_variants`

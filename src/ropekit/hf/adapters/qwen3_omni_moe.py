@@ -16,6 +16,7 @@ class Qwen3OmniMoeThinker(Qwen2_5OmniThinker):
     default_sections = (24, 20, 20)
     integer_positions = False
     forward_params = Qwen2_5OmniThinker.forward_params | {"output_router_logits"}
+    text_params = Qwen3VL.text_params  # DeepStack features, handed on
 
     def interleave(self, config) -> tuple:
         """Video and audio tokens merged by time."""

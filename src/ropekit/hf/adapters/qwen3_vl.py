@@ -8,6 +8,7 @@ class Qwen3VL(Adapter):
     model_type = "qwen3_vl"
     native_allocation = "interleaved"
     default_sections = (24, 20, 20)
+    text_params = frozenset({"visual_pos_masks", "deepstack_visual_embeds"})  # DeepStack features, handed on
 
     def sections(self, rope: dict, half: int) -> list[int]:
         """transformers' Qwen3-VL reads only the height and width entries of ``mrope_section``: height takes

@@ -1,0 +1,134 @@
+"""Packed (padding-free) batches for a patched model: several samples in one row, each placed as if alone.
+
+:func:`pack` places every sample by itself (:func:`ropekit.hf.position_ids`) and lays the samples end to end:
+the position tensor's text row restarts at 0 for each sample, which is what transformers reads sample boundaries
+off (a block-diagonal mask for ``sdpa`` and ``eager``, variable-length attention for flash attention), and every
+geometry row holds the sample's own positions. Images, videos and their grids follow in sample order, as the
+model fills its image tokens. :class:`PackingCollator` is the same as a data collator for ``Trainer``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+#: per-sample inputs laid end to end along the sequence (last dimension)
+_SEQUENCE = ("input_ids", "mm_token_type_ids", "labels")
+#: per-sample vision inputs stacked along their first dimension, in sample order (images in the order the model
+#: fills their tokens)
+_STACKED = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts",
+            "video_second_per_grid", "image_sizes", "image_sizes_videos", "input_features", "feature_attention_mask",
+            "audio_feature_lengths", "pixel_attention_mask", "image_attention_mask")
+#: per-sample scalars that must agree across the samples of one row
+_SHARED = ("use_audio_in_video",)
+
+__all__ = ["pack", "PackingCollator"]
+
+
+def _tensor(value: Any, name: str, index: int) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"pack: sample {index}: `{name}` is not a tensor or nested list of numbers: {e}") from None
+
+
+def _sequence(value: Any, name: str, index: int) -> torch.Tensor:
+    """A sample's per-token input as one row ``(1, L)``."""
+    t = _tensor(value, name, index)
+    if t.ndim == 1:
+        t = t[None]
+    if t.ndim != 2 or t.shape[0] != 1:
+        raise ValueError(f"pack: sample {index}: `{name}` must hold one sample ((L,) or (1, L)), got shape "
+                         f"{tuple(t.shape)}; give the collator one sample per feature")
+    return t
+
+
+def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash_attn_kwargs: bool = False,
+         label_pad: int = -100) -> dict[str, Any]:
+    """One padding-free row of ``samples`` for a patched ``model``: ``input_ids (1, N)``, ``position_ids (R, 1, N)``
+    (each sample placed alone, the text row restarting at 0 per sample), ``labels`` (each sample's own, or its
+    ``input_ids``; the first token of every sample set to ``label_pad`` so no sample learns from the one before
+    it), and the samples' vision inputs stacked in order. No ``attention_mask``: the model reads the boundaries off
+    the text row. ``return_flash_attn_kwargs`` adds transformers' ``cu_seq_lens_q/k`` and ``max_length_q/k``.
+
+    A sample is what the processor returns for one sample; its ``attention_mask`` (if any) must be all ones.
+    """
+    from .patch import _state, position_ids
+
+    if _state(model) is None:
+        raise ValueError("pack: the model is not patched; call ropekit.patch_model(model, ...) first (the "
+                         "stock-equivalent design packs the stock model's positions)")
+    if isinstance(samples, Mapping) or not isinstance(samples, Sequence) or not samples:
+        raise TypeError("pack: `samples` must be a non-empty list of per-sample processor outputs (dicts)")
+    known = set(_SEQUENCE) | set(_STACKED) | set(_SHARED) | {"attention_mask"}
+    seq: dict[str, list] = {k: [] for k in _SEQUENCE}
+    stacked: dict[str, list] = {k: [] for k in _STACKED}
+    shared: dict[str, Any] = {}
+    rows, lengths = [], []
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, Mapping):
+            raise TypeError(f"pack: sample {i} is a {type(sample).__name__}, not a dict of processor outputs")
+        unknown = sorted(set(sample) - known)
+        if unknown:
+            raise ValueError(f"pack: sample {i} holds {unknown}, which pack does not know how to lay out; it "
+                             f"packs {sorted(known)} (drop the others, or pack them yourself)")
+        if "input_ids" not in sample:
+            raise ValueError(f"pack: sample {i} has no input_ids")
+        ids = _sequence(sample["input_ids"], "input_ids", i).long()
+        mask = sample.get("attention_mask")
+        if mask is not None and not bool((_sequence(mask, "attention_mask", i) != 0).all()):
+            raise ValueError(f"pack: sample {i} has padding (zeros in attention_mask); give unpadded samples")
+        inputs = {k: _tensor(sample[k], k, i) for k in _STACKED if sample.get(k) is not None}
+        for k in _SHARED:
+            if k in sample:
+                if k in shared and shared[k] != sample[k]:
+                    raise ValueError(f"pack: samples disagree on `{k}`; pack samples with the same value together")
+                shared[k] = sample[k]
+        types = sample.get("mm_token_type_ids")
+        if types is not None:
+            inputs["mm_token_type_ids"] = _sequence(types, "mm_token_type_ids", i).long()
+        rows.append(position_ids(model, ids, **inputs, **shared))
+        lengths.append(ids.shape[1])
+        seq["input_ids"].append(ids)
+        if types is not None:
+            seq["mm_token_type_ids"].append(inputs["mm_token_type_ids"])
+        labels = _sequence(sample["labels"], "labels", i).long().clone() if sample.get("labels") is not None \
+            else ids.clone()
+        if labels.shape != ids.shape:
+            raise ValueError(f"pack: sample {i}: labels {tuple(labels.shape)} do not match input_ids {tuple(ids.shape)}")
+        labels[:, 0] = label_pad
+        seq["labels"].append(labels)
+        for k, v in inputs.items():
+            if k in stacked:
+                stacked[k].append(v)
+    out: dict[str, Any] = {"input_ids": torch.cat(seq["input_ids"], dim=1),
+                           "position_ids": torch.cat(rows, dim=2), "labels": torch.cat(seq["labels"], dim=1)}
+    if seq["mm_token_type_ids"]:
+        if len(seq["mm_token_type_ids"]) != len(samples):
+            raise ValueError("pack: some samples have mm_token_type_ids and others not; give them for every sample")
+        out["mm_token_type_ids"] = torch.cat(seq["mm_token_type_ids"], dim=1)
+    for k, parts in stacked.items():
+        if parts:
+            out[k] = torch.cat([p if p.ndim else p[None] for p in parts], dim=0)
+    out.update(shared)
+    if return_flash_attn_kwargs:
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    return out
+
+
+class PackingCollator:
+    """A ``transformers`` data collator (``Trainer(data_collator=PackingCollator(model))``) that packs each batch of
+    samples into one padding-free row with :func:`pack`."""
+
+    def __init__(self, model: nn.Module, *, return_flash_attn_kwargs: bool = False, label_pad: int = -100):
+        self.model = model
+        self.return_flash_attn_kwargs = return_flash_attn_kwargs
+        self.label_pad = label_pad
+
+    def __call__(self, features: Sequence[Mapping[str, Any]], return_tensors: Optional[str] = None) -> dict:
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"PackingCollator: return_tensors={return_tensors!r}; it returns PyTorch tensors ('pt')")
+        return pack(self.model, features, return_flash_attn_kwargs=self.return_flash_attn_kwargs,
+                    label_pad=self.label_pad)
