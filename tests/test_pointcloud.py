@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ropekit.experiments import runner
+from ropekit.experiments.stats import VERDICTS
 from ropekit.experiments.pointcloud import FAMILIES, PointTransformer, confusion, local_features, mean_iou
 from ropekit.experiments.tasks.points import KINDS, random_rotations, scene_batch
 from ropekit.report.experiments import experiments_section
@@ -150,7 +151,7 @@ def test_micro_run_end_to_end(tmp_path):
     ids = {c["id"] for c in agg["claims"]}
     assert {"P1", "P2", "P4", "P5"} <= ids
     for c in agg["claims"]:
-        assert c["verdict"] in ("reproduced", "contradicted", "no effect", "inconclusive")
+        assert c["verdict"] in VERDICTS
     sec = experiments_section(tmp_path, tmp_path)
     assert "pointcloud" in sec["html"]
     assert (tmp_path / "exp_pointcloud_bars.png").exists()

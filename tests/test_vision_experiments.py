@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ropekit.experiments import runner
+from ropekit.experiments.stats import VERDICTS
 from ropekit.experiments.isotropy import angle_curve
 from ropekit.experiments.shapebias import shape_fraction
 from ropekit.experiments.tasks.shapes import SHAPES, marker_batch, render, shape_batch
@@ -211,7 +212,7 @@ def test_micro_runs_and_report(tmp_path, name, designs):
     runs = [json.loads(l) for l in (tmp_path / name / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 2 * len(designs)
     for c in agg["claims"]:
-        assert c["verdict"] in ("reproduced", "contradicted", "no effect", "inconclusive")
+        assert c["verdict"] in VERDICTS
     sec = experiments_section(tmp_path, tmp_path)
     assert name in sec["html"]
     assert list(tmp_path.glob(f"exp_{name}_*.png"))
