@@ -215,8 +215,18 @@ def train_hf(model, dataset, args) -> list[float]:
 # the recipe
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except where the help says it already or there is none (flags)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or any(action.default is d for d in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=_HelpFormatter)
     p.add_argument("--model", default="tiny", help="checkpoint name or folder, or 'tiny' (random, no download)")
     p.add_argument("--design", default="circle", help="ropekit design (ropekit.designs())")
     p.add_argument("--age", default="alternate", help="AGE schedule ('none' for the design on every layer)")
@@ -224,17 +234,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--trainer", choices=("auto", "hf", "loop"), default="auto",
                    help="hf: transformers Trainer (needs accelerate); loop: plain PyTorch; auto: hf if available")
     p.add_argument("--pairs", type=int, default=8, help="synthetic image–text pairs")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="pairs per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic pairs, the tiny model and training")
     p.add_argument("--bf16", action="store_true", help="bf16 weights/autocast (GPUs)")
-    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is present")
     p.add_argument("--deepspeed", default=None, help="DeepSpeed config JSON (Trainer only)")
     p.add_argument("--fsdp", default=None, help="FSDP options, e.g. 'full_shard auto_wrap' (Trainer only)")
-    p.add_argument("--max-new-tokens", type=int, default=2)
-    p.add_argument("--output-dir", default="finetuned-vlm")
+    p.add_argument("--max-new-tokens", type=int, default=2, help="tokens generated per answer after reloading")
+    p.add_argument("--output-dir", default="finetuned-vlm", help="folder the fine-tuned model is saved to")
     args = p.parse_args(argv)
     if args.steps < 1 or args.pairs < 1 or args.batch_size < 1:
         p.error("--steps, --pairs and --batch-size must be >= 1")

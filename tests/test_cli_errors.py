@@ -190,3 +190,153 @@ def test_experiment_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_pa
     monkeypatch.setattr("sys.stderr", _Terminal())
     assert main(argv + ["--out", str(tmp_path / "tty")]) == 0
     assert "\r  mrope seed 0" in runner.sys.stderr.getvalue()
+
+
+# ---------------------------------------------------------------------------------- mistyped names
+
+
+def _nearest(word, names):
+    """The reference for a suggestion: the names difflib finds nearest, case ignored."""
+    import difflib
+
+    return difflib.get_close_matches(word.lower(), [n.lower() for n in names], n=1, cutoff=0.6)
+
+
+@pytest.mark.parametrize("typo, meant", [("cirle", "circle"), ("Circle", "circle"), ("MRoPE", "mrope"),
+                                         ("vidoerope", "videorope"), ("mrope_interleav", "mrope-i"),
+                                         ("v2p", "v2pe"), ("rope2", "rope2d")])
+def test_a_mistyped_design_name_gets_the_nearest_names(typo, meant, capsys):
+    from ropekit.designs import designs, get_design
+    from ropekit.designs.registry import _ALIASES
+
+    with pytest.raises(ValueError, match=rf"unknown design '{typo}' \(did you mean '{meant}'[ ,?]") as err:
+        get_design(typo)
+    nearest = _nearest(typo, designs() + list(_ALIASES))[0]
+    assert get_design(nearest).name == meant  # the first suggestion is difflib's nearest name (or its design)
+    assert "choose one of: circle, compact" in str(err.value)
+    assert main(["positions", "T2", "--design", typo]) == 2
+    assert f"(did you mean '{meant}'" in _error(capsys.readouterr().err)
+
+
+def test_a_name_near_nothing_gets_the_list_only():
+    from ropekit.designs import get_design
+
+    with pytest.raises(ValueError) as err:
+        get_design("xyzzy")
+    assert "did you mean" not in str(err.value) and "choose one of: circle" in str(err.value)
+
+
+def test_a_mistyped_design_option_gets_the_nearest_option(capsys):
+    from ropekit import RoPE, positions
+    from ropekit.designs import get_design
+
+    allowed = get_design("circle").options
+    assert _nearest("alpah", allowed) == ["alpha"] and _nearest("radus", allowed) == ["radius"]
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'alpah' \(did you mean 'alpha'\?\), 'radus' "
+                                        r"\(did you mean 'radius'\?\), 'zzz'; it accepts: alpha, radius"):
+        positions("T2 I2x2", "circle", alpah=0.3, radus=1.0, zzz=1)
+    with pytest.raises(TypeError, match=r"'alpah' \(did you mean 'alpha'\?\)"):
+        RoPE(design="circle", design_options={"alpah": 0.3})
+    assert main(["positions", "T2 I2x2", "--design", "circle", "-o", "alpah=0.3"]) == 2
+    assert "'alpah' (did you mean 'alpha'?)" in _error(capsys.readouterr().err)
+
+
+def test_a_mistyped_allocation_gets_the_nearest_allocations():
+    from ropekit import RoPE, frequency_matrix
+    from ropekit.rotations.planar import ALLOCATIONS
+
+    for typo, meant in (("1D", "1d"), ("axil", "axial"), ("interleave", "interleaved"), ("mropee", "mrope")):
+        assert _nearest(typo, ALLOCATIONS) == [meant]
+        with pytest.raises(ValueError, match=rf"unknown allocation '{typo}' \(did you mean '{meant}'"):
+            frequency_matrix(typo, 16, 1)
+        with pytest.raises(ValueError, match=rf"unknown allocation '{typo}' \(did you mean '{meant}'"):
+            RoPE(design="circle", allocation=typo)
+
+
+def test_a_design_name_as_allocation_names_the_designs_own_allocation():
+    """frequency_matrix takes allocations, not designs (one design may pair with several: GRAPE's option picks
+    one); a design's name is refused with the allocation to pass instead, which gives what design_frequencies,
+    the design's own pairing, gives."""
+    import torch
+
+    from ropekit import design_frequencies, frequency_matrix
+    from ropekit.designs import designs, get_design
+    from ropekit.rotations.planar import ALLOCATIONS
+
+    for name in designs():
+        if name in ALLOCATIONS:  # the same word names both (mrope, vrope, hope, ...): an allocation here
+            continue
+        own = get_design(name).allocation
+        with pytest.raises(ValueError, match=rf"'{name}' is a position design, not an allocation; its allocation "
+                                             rf"is '{own}'.*frequency_matrix\('{own}', \.\.\.\)"):
+            frequency_matrix(name, 16, 1)
+    with pytest.raises(ValueError, match=r"its allocation is '1d': frequency_matrix\('1d', \.\.\.\), or "
+                                         r"ropekit.design_frequencies\('vanilla', \.\.\.\)"):
+        frequency_matrix("vanilla", 16, 1)
+    assert torch.equal(frequency_matrix("1d", 16, 1), design_frequencies("vanilla", 16, 1))
+    with pytest.raises(ValueError, match=r"its allocation is 'mrope' \('interleaved' with "
+                                         r"frequency_allocation='interleaved'\)"):
+        frequency_matrix("grape", 16, 3)
+
+
+def test_ptd_help_lists_every_segment_kind_the_layout_parser_reads(capsys):
+    """Each template in `ptd --help` (its optional parts left out, and filled in) parses, and together they give
+    every segment class Layout.parse builds."""
+    import re
+
+    from ropekit import layout
+
+    with pytest.raises(SystemExit):
+        main(["ptd", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    templates = {t.rstrip(";,)") for t in re.findall(r"(?<![\w{])[TIVAG]\{\S+", text)}
+    kinds = set()
+    for t in templates:
+        filled = (t.replace("[x...]", "x2").replace("[@interval]", "@2").replace("[@seconds]", "@0.02")
+                  .replace("[{c}]", "{c}"))
+        bare = re.sub(r"\[[^]]*\]", "", t)
+        for example in (filled, bare):
+            seg, = layout.Layout.parse(re.sub(r"\{\w+\}", "3", example)).segments
+            kinds.add(type(seg))
+    assert kinds == set(layout._SEGMENTS), templates
+    assert {"V{t}x{h}x{w}[@interval]+A{n}:time", "V{t}x{h}x{w}[@interval]+A{n}:chunks[{c}]"} <= templates
+    # the help says which design places a video with its audio interleaved
+    from ropekit.designs.registry import _REGISTRY
+
+    assert [n for n, d in _REGISTRY.items() if d.audio_in_video] == ["tmrope"] and "design tmrope only" in text
+
+
+def test_the_finetune_example_help_shows_every_default(capsys, monkeypatch):
+    """Every option of examples/finetune_vlm.py with a default (not a flag, not None) shows it in --help, read
+    from the parser's own actions."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "finetune_vlm.py"
+    spec = importlib.util.spec_from_file_location("finetune_vlm_help", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+
+    class Built(Exception):
+        pass
+
+    def stop(parser, *args, **kwargs):
+        raise Built(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
+    with pytest.raises(Built) as built:
+        mod.parse_args([])
+    actions = [a for a in built.value.args[0]._actions if a.dest != "help"]
+    shown = 0
+    for action in actions:
+        assert action.help, f"--{action.dest} has no help"
+        if any(action.default is d for d in (None, False, argparse.SUPPRESS)):
+            continue
+        help_text = " ".join(action.help.split())
+        assert f"{help_text} (default: {action.default})" in text or "(default" in help_text, action.dest
+        shown += 1
+    assert shown == 11  # model, design, age, trainer, pairs, steps, batch-size, lr, seed, max-new-tokens, output-dir

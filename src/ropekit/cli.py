@@ -21,7 +21,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        # by identity: a default of 0 (== False) is shown
+        hidden = action.default == [] or any(action.default is d for d in (None, False, argparse.SUPPRESS))
+        if "(default" in text or hidden:
             return text
         return super()._get_help_string(action)
 
@@ -75,6 +77,16 @@ def _finite_float_arg(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
+
+
+#: every segment kind :meth:`ropekit.layout.Layout.parse` reads, for the commands' help
+_LAYOUT_SYNTAX = (
+    "segments separated by spaces or commas: T{n} text; I{h}x{w} image; V{t}x{h}x{w}[@interval] video "
+    "(interval: time between frames, default 1); A{n}[@seconds] audio (seconds per token, default 0.04); "
+    "V{t}x{h}x{w}[@interval]+A{n}:time or V{t}x{h}x{w}[@interval]+A{n}:chunks[{c}] a video with its audio "
+    "interleaved, by time (Qwen3-Omni) or in chunks of c positions (Qwen2.5-Omni, default 50), placed by design "
+    "tmrope only; G{a}x{b}[x...] an N-D grid"
+)
 
 
 def _layout_arg(text: str) -> str:
@@ -309,7 +321,8 @@ def _add_viz_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
         s.add_argument("--grid-size", type=_int_arg, default=grid, help=f"tokens per axis (default: {grid})")
         s.add_argument("--num-samples", type=_int_arg, default=None,
                        help="Monte-Carlo over N random q instead of the exact expectation (default: exact)")
-        s.add_argument("--base", type=_finite_float_arg, default=10000.0, help="RoPE base of the magnitudes (default: 10000)")
+        s.add_argument("--base", type=_finite_float_arg, default=10000.0,
+                       help="RoPE base of the magnitudes (default: 10000)")
         if dims == 3:
             s.add_argument("--slice-coords", type=_finite_float_arg, nargs="+", default=[-10.0, 0.0, 10.0],
                            help="offsets along axis 2 of the slices, within the grid: from -(grid size // 2) to "
@@ -377,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="report", help="output folder (missing folders are created)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--layout", type=_layout_arg, default=None,
-                   help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'")
+                   help="report on this layout instead of the default ones, e.g. 'T3 I4x4 T2 V2x3x3 T4'; "
+                        + _LAYOUT_SYNTAX)
     r.add_argument("--designs", default=None,
                    help="comma-separated designs to show, e.g. circle,mrope,vrope (default: every design)")
     r.add_argument("--experiments", default=None, metavar="DIR",
@@ -386,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_report)
 
     ps = sub.add_parser("positions", help="print the coordinates of a layout under a design")
-    ps.add_argument("layout", type=_layout_arg, help="e.g. 'T3 I4x4 T2' or 'T5 V8x3x3 T1'")
+    ps.add_argument("layout", type=_layout_arg, help="e.g. 'T3 I4x4 T2' or 'T5 V8x3x3 T1'; " + _LAYOUT_SYNTAX)
     ps.add_argument("--design", default="mrope", help="position design (see `ropekit designs`)")
     ps.add_argument("-o", "--option", type=_option, action="append", default=[],
                     help="design option name=value (repeatable), e.g. -o alpha=0.3 -o radius=\"auto\"")
@@ -399,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pt = sub.add_parser("ptd", help="Per-Token Distance of a layout under each design")
     pt.add_argument("layout", nargs="?", type=_layout_arg, default="I3x3 T5",
-                    help="layout string: T{n} text, I{h}x{w} image, V{t}x{h}x{w}[@interval] video")
+                    help="layout string, e.g. 'I3x3 T5'; " + _LAYOUT_SYNTAX)
     pt.add_argument("--design", action="append", help="design to measure, repeatable (default: every design)")
     pt.add_argument("--json", action="store_true", help="print {layout, ptd: {design: value}} as JSON")
     pt.set_defaults(func=_cmd_ptd)

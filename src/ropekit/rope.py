@@ -24,7 +24,7 @@ from .designs.registry import check_options, get_design, positions
 from .layout import Layout
 from .rotations.directional import directional_matrix
 from .rotations.planar import (
-    ALLOCATIONS, MAX_AXES, angles, check_base, check_count, check_sections, frequency_matrix,
+    MAX_AXES, angles, check_allocation, check_base, check_count, check_sections, frequency_matrix,
 )
 from .rotations.scaling import attention_factor, parse_scaling, scale_frequencies
 
@@ -191,8 +191,8 @@ class RoPE(_PlanarRotary):
     def __post_init__(self) -> None:
         self.design_options = _check_design(self.design, self.design_options)
         self.rotary_dim = _check_head_dims(self.head_dim, self.rotary_dim)
-        if self.allocation is not None and self.allocation not in ALLOCATIONS:
-            raise ValueError(f"unknown allocation {self.allocation!r}; choose one of {', '.join(ALLOCATIONS)}")
+        if self.allocation is not None:
+            check_allocation(self.allocation)
         if self.channels not in CHANNEL_LAYOUTS:
             raise ValueError(f"`channels` must be 'half' or 'interleaved', got {self.channels!r}")
         check_base(self.base)

@@ -9,6 +9,7 @@ segments at once; :func:`walk` turns a rule into the design's positions and
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 from collections import abc
@@ -149,14 +150,32 @@ def alias(name: str, *aliases: str) -> None:
         _ALIASES[a] = design.name
 
 
+def did_you_mean(word: object, choices: "abc.Iterable[str]", canonical: "dict[str, str] | None" = None) -> str:
+    """`` (did you mean 'x'?)`` naming the choices nearest to ``word`` (:func:`difflib.get_close_matches`, case
+    ignored, at most three), or ``""`` when none is near or ``word`` is not a string. ``canonical`` maps a
+    choice to the name to show for it (an alias to its design), each shown once."""
+    if not isinstance(word, str) or not word:
+        return ""
+    by_lower: dict[str, str] = {}
+    for c in choices:
+        by_lower.setdefault(c.lower(), c)
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=6, cutoff=0.6)
+    shown = list(dict.fromkeys((canonical or {}).get(by_lower[c], by_lower[c]) for c in close))[:3]
+    if not shown:
+        return ""
+    names = [repr(n) for n in shown]
+    return f" (did you mean {' or '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)}?)"
+
+
 def get_design(name: str) -> Design:
-    """Look a design up by name or alias; unknown names get the list of known ones."""
+    """Look a design up by name or alias; unknown names get the nearest names and the list of known ones."""
     if not isinstance(name, str):
         raise TypeError(f"`design` must be a design name (str), got {type(name).__name__}")
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown design {name!r}; choose one of: {known} (see ropekit.designs())")
+        hint = did_you_mean(name, [*_REGISTRY, *_ALIASES], _ALIASES)
+        raise ValueError(f"unknown design {name!r}{hint}; choose one of: {known} (see ropekit.designs())")
     return _REGISTRY[key]
 
 
@@ -166,12 +185,13 @@ def designs() -> list[str]:
 
 
 def check_options(design: Design, options: dict) -> None:
-    """Reject option names the design does not take, listing the ones it does."""
+    """Reject option names the design does not take, suggesting the nearest it does and listing them all."""
     allowed = design.options
     bad = [k for k in options if k not in allowed]
     if bad:
+        named = ", ".join(repr(k) + did_you_mean(k, allowed) for k in bad)
         raise TypeError(
-            f"design {design.name!r} got unknown option(s) {', '.join(map(repr, bad))}; "
+            f"design {design.name!r} got unknown option(s) {named}; "
             f"it accepts: {', '.join(allowed) or 'no options'}"
         )
 

@@ -16,7 +16,7 @@ import torch
 
 from .published import PUBLISHED, published_matrix
 
-__all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_base", "check_sections"]
+__all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_allocation", "check_base", "check_sections"]
 
 ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial") + PUBLISHED
 
@@ -24,6 +24,37 @@ ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial") + PUBLISHED
 # Upper bounds that keep absurd sizes from allocating gigabytes before anything else fails.
 MAX_DIM = 1 << 16  # rotary/head dims
 MAX_AXES = 1 << 10  # coordinate axes
+
+
+def check_allocation(allocation: str) -> str:
+    """``allocation`` if it is one of :data:`ALLOCATIONS`, else a ValueError suggesting the nearest names.
+
+    A design name is not an allocation (allocations and designs are paired, :attr:`Design.allocation`): the
+    message names the design's allocation, and :func:`ropekit.design_frequencies`, which builds a design's
+    frequencies with its own allocation (and checks its axes); a design whose option picks its allocation
+    (GRAPE) has more than one, which is why this function does not take design names itself.
+    """
+    if isinstance(allocation, str) and allocation in ALLOCATIONS:
+        return allocation
+    from ..designs.registry import did_you_mean, get_design  # the error path only
+
+    try:
+        design = get_design(allocation) if isinstance(allocation, str) else None
+    except ValueError:
+        design = None
+    if design is not None:
+        own = repr(design.allocation)
+        if design.allocation_option is not None:
+            option, picks = design.allocation_option
+            own += "".join(f" ({a!r} with {option}={v!r})" for v, a in picks.items() if a != design.allocation)
+        raise ValueError(
+            f"unknown allocation {allocation!r}: {allocation!r} is a position design, not an allocation; its "
+            f"allocation is {own}: frequency_matrix({design.allocation!r}, ...), or "
+            f"ropekit.design_frequencies({design.name!r}, ...), which builds a design's frequencies with its own "
+            f"allocation; allocations: {', '.join(ALLOCATIONS)}"
+        )
+    raise ValueError(f"unknown allocation {allocation!r}{did_you_mean(allocation, ALLOCATIONS)}; "
+                     f"choose one of {', '.join(ALLOCATIONS)}")
 
 
 def check_count(value: int, name: str, most: int) -> int:
@@ -115,8 +146,7 @@ def frequency_matrix(
     _check_dim(rotary_dim)
     check_count(num_axes, "num_axes", MAX_AXES)
     half = rotary_dim // 2
-    if allocation not in ALLOCATIONS:
-        raise ValueError(f"unknown allocation {allocation!r}; choose one of {', '.join(ALLOCATIONS)}")
+    check_allocation(allocation)
     if allocation == "1d":
         if num_axes != 1:
             raise ValueError(f"allocation '1d' takes 1 axis, got num_axes={num_axes}; use 'mrope', 'axial' …")
