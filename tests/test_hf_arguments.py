@@ -58,17 +58,27 @@ def _image_inputs():
                 image_grid_thw=torch.tensor([[1, 4, 4]]), pixel_values=torch.randn(16, 24))
 
 
-def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refused(qwen2):
-    """Patching only ``model.model`` left ``model.generate`` stock: it computed stock M-RoPE positions and
-    passed them as explicit position ids, so the design was silently not applied."""
+def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model(qwen2):
+    """Patching only ``model.model`` leaves ``model.generate`` stock: it asks the patched ``get_rope_index`` for the
+    prompt's positions and carries them as data, so it generates what the patched generation model generates; with
+    AGE one position tensor in transformers' form cannot stand for the patch, and that is refused."""
     inputs = _image_inputs()
-    kw = dict(max_new_tokens=2, do_sample=False, pad_token_id=0)
+    kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
-        stock = qwen2.generate(**inputs, **kw)
+        stock = qwen2.generate(**inputs, **kw).sequences
+        patch_model(qwen2, "circle")
+        want = qwen2.generate(**inputs, **kw)
+        unpatch_model(qwen2)
         patch_model(qwen2.model, "circle")
-        with pytest.raises(ValueError, match=r"patch_model\(model\), not patch_model\(model.model\)"):
+        got = qwen2.generate(**inputs, **kw)
+        assert torch.equal(got.sequences, want.sequences)
+        for g, w in zip(got.logits, want.logits):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        patch_model(qwen2.model, "circle", age="alternate")
+        with pytest.raises(ValueError, match="get_rope_index cannot describe this patch"):
             qwen2.generate(**inputs, **kw)
         unpatch_model(qwen2.model)
+        kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
         assert torch.equal(qwen2.generate(**inputs, **kw), stock)  # the stock method is back
 
 

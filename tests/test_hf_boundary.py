@@ -138,8 +138,8 @@ def test_a_renamed_cache_parameter_is_refused(models, monkeypatch):
 
     def rename(params):
         return [p.replace(name="kv_store") if p.name in CACHE_NAMES else p for p in params]
-    _with_signature(monkeypatch, cls, "compute_3d_position_ids", rename)
-    with pytest.raises(UnsupportedTransformersError, match=r"compute_3d_position_ids.*`kv_store`"):
+    _with_signature(monkeypatch, cls, "forward", rename)
+    with pytest.raises(UnsupportedTransformersError, match=r"Qwen2VLModel\.forward.*`kv_store`"):
         patch_model(model, "mrope")
     assert not is_patched(model)
 
@@ -147,9 +147,8 @@ def test_a_renamed_cache_parameter_is_refused(models, monkeypatch):
 def test_a_dropped_parameter_the_hook_reads_is_refused(models, monkeypatch):
     model = models("qwen2_vl")
     cls = type(model.model)
-    _with_signature(monkeypatch, cls, "compute_3d_position_ids",
-                    lambda ps: [p for p in ps if p.name not in CACHE_NAMES])
-    with pytest.raises(UnsupportedTransformersError, match=r"compute_3d_position_ids.*has no parameter.*`cache`"):
+    _with_signature(monkeypatch, cls, "forward", lambda ps: [p for p in ps if p.name not in CACHE_NAMES])
+    with pytest.raises(UnsupportedTransformersError, match=r"Qwen2VLModel\.forward.*has no parameter.*`cache`"):
         patch_model(model, "mrope")
     assert not is_patched(model)
 
@@ -172,8 +171,9 @@ def test_an_unknown_keyword_at_call_time_is_refused(models):
     model = patch_model(models("qwen2_vl"), "mrope")
     try:
         ids = torch.tensor([[5, 6, 7]])
-        with pytest.raises(UnsupportedTransformersError, match=r"compute_3d_position_ids was called with `bogus`"):
-            model.model.compute_3d_position_ids(input_ids=ids, inputs_embeds=torch.zeros(1, 3, 32), bogus=1)
+        rotary = model.model.language_model.rotary_emb
+        with pytest.raises(UnsupportedTransformersError, match=r"RotaryEmbedding.forward was called with `bogus`"):
+            rotary(torch.zeros(1, 3, 32), ids[None].expand(4, -1, -1), bogus=1)
     finally:
         unpatch_model(model)
 
@@ -264,7 +264,7 @@ def test_the_omni_position_parameters_are_refused_on_the_other_families(models, 
     for param in ("use_audio_in_video", "video_second_per_grid", "audio_feature_lengths"):
         with monkeypatch.context() as mp:
             new = inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None)
-            _with_signature(mp, type(model.model), "compute_3d_position_ids", lambda ps: _add(ps, new))
-            with pytest.raises(UnsupportedTransformersError, match=rf"compute_3d_position_ids.*`{param}`"):
+            _with_signature(mp, type(model.model), "forward", lambda ps: _add(ps, new))
+            with pytest.raises(UnsupportedTransformersError, match=rf"Qwen2_5_VLModel\.forward.*`{param}`"):
                 patch_model(model, "circle")
         assert not is_patched(model)

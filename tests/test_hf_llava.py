@@ -317,16 +317,17 @@ def test_generate_through_an_unpatched_wrapper_of_a_patched_bare_model_is_refuse
             with pytest.raises(ValueError, match=r"patch_model\(model\), not patch_model\(model.model\)"):
                 clip.generate(**inputs, **kw)
             text = _stock_positions(inputs["attention_mask"])
-            with pytest.raises(ValueError, match="plain text position_ids together with images"):
+            with pytest.raises(ValueError, match="1-D position_ids .* together with images"):
                 clip.model(**inputs, position_ids=text)
             clip.model(**inputs)  # no position ids: the design places the tokens
             expected = reference_positions(inputs, layouts, "circle")
             keep = inputs["attention_mask"].bool()
             for p in last_positions(clip).values():
                 assert torch.equal(p[:, keep], expected[:, keep])
-            clip.model(**inputs, position_ids=text + 5)  # other explicit positions are honoured as given
+            given = ropekit.hf.position_ids(clip.model, **inputs) + 5
+            clip.model(**inputs, position_ids=given)  # a position tensor is honoured as given
             for p in last_positions(clip).values():
-                assert torch.equal(p[:, keep], (text + 5)[keep].float().expand(p.shape[0], -1))
+                assert torch.equal(p[:, keep], given[1:][:, keep])
             patch_model(clip.model, "vanilla")  # the stock positions are the design's: nothing to refuse
             assert torch.equal(clip.generate(**inputs, **kw), stock)
         finally:

@@ -213,6 +213,8 @@ def _new_tokens_are_text(owner: nn.Module, state: st._State, given: dict, length
         st.check_no_vision(st.vision_in_ids(state, input_ids[:, -length:]))
     elif any(g is not None for g in grids):
         _grids_without_types(state)
+    elif given.get("inputs_embeds") is not None:  # no ids: the image token's embedding gives it away
+        st.check_no_vision(_types_from_embeddings(owner, state, given["inputs_embeds"][:, -length:]))
 
 
 def _positions_of_call(owner: nn.Module, state: st._State, given: dict, cache: Any
@@ -259,7 +261,9 @@ def check_position_ids(state: st._State, pos: torch.Tensor, has_vision: bool, wh
         raise ValueError(
             f"patched model: {where} got 1-D position_ids (text positions, such as DataCollatorWithFlattening's) "
             f"together with images or videos; they would place every image token on the text axis. Pass the "
-            f"design's position tensor instead: {fix}"
+            f"design's position tensor instead: {fix}. (An unpatched generate passes such positions when only the "
+            f"bare model was patched: patch the generation model itself, patch_model(model), not "
+            f"patch_model(model.model).)"
         )
 
 
@@ -276,6 +280,7 @@ def model_forward(hook: Hook, *args: Any, **kwargs: Any):
     pos = given.get("position_ids")
     if pos is not None:
         check_position_ids(state, pos, _has_vision(state, given), type(hook.owner).__name__)
+        _forward_masks(state, given, pos)
         return hook.call_previous(**given)
     name = next((n for n in CACHE_NAMES if n in hook.names), CACHE_NAMES[0])
     cache = cache_of(given)
@@ -289,7 +294,27 @@ def model_forward(hook: Hook, *args: Any, **kwargs: Any):
         given.pop(other, None)
     if cache is not None:
         given[name] = cache
+    _forward_masks(state, given, given["position_ids"])
     return hook.call_previous(**given)
+
+
+def _forward_masks(state: st._State, given: dict, pos: torch.Tensor) -> None:
+    """Families whose bare forward builds the masks (:attr:`~ropekit.hf.adapters.Adapter.masks_in_forward`) read
+    packed rows off 1-D positions there: without a mask or cached tokens, an all-ones mask stands for "no padding"
+    (the same masks as none); packed rows are refused, their image blocks' two-way masks being the family's own."""
+    if not state.adapter.masks_in_forward or given.get("attention_mask") is not None or pos.ndim != 3:
+        return
+    if _cache_length(cache_of(given))[0]:
+        return
+    ref = given.get("inputs_embeds") if given.get("inputs_embeds") is not None else given.get("input_ids")
+    if pos.shape[0] == state.num_rows and not torch.compiler.is_compiling():
+        from transformers.masking_utils import find_packed_sequence_indices
+        if find_packed_sequence_indices(pos[0]) is not None:
+            raise ValueError(
+                f"patched model: packed rows are not supported on {state.adapter.name}: its forward builds the "
+                f"attention masks itself (images attend both ways), and not per packed sample; give padded batches"
+            )
+    given["attention_mask"] = torch.ones(ref.shape[:2], dtype=torch.long, device=ref.device)
 
 
 def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -338,6 +363,8 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
             "token (the last position + 1 on every axis) would not give the design's own place for the text "
             "after it; end the prompt with text (as chat templates do), or decode with your own loop and a cache"
         )
+    if state.adapter.generate_shift:  # the family's prepare_inputs_for_generation adds it back at every step
+        pos = pos - state.adapter.generate_shift
     types = state.adapter.takes_token_types and model_kwargs.get("mm_token_type_ids") is None
     if types and not state.adapter.one_d:  # generate extends these with zeros: what it generates is text
         named = state.adapter.position_arguments(model_kwargs)
@@ -445,7 +472,7 @@ def _geometry_rows(state: st._State, position_ids: torch.Tensor, batch: int, len
         return state.split(geo.expand(-1, batch, -1).float())
     ids = position_ids if position_ids.ndim == 3 else position_ids[None]
     ids = ids.expand(-1, batch, -1).float()
-    if ids.shape[0] != 1 and not bool((ids == ids[:1]).all()):
+    if ids.shape[0] != 1 and not torch.compiler.is_compiling() and not bool((ids == ids[:1]).all()):
         raise ValueError(
             f"patched model: the rotary got position_ids with {ids.shape[0]} rows that differ, but this patch takes "
             f"{rows} rows (text, then {', '.join(f'{n} ({a})' for n, a in state.rows)}); compute them with "
@@ -557,8 +584,10 @@ def contract(fn: Callable, adapter: Any) -> Contract:
 
 CONTRACTS: dict[Callable, Contract] = {
     model_forward: MULTIMODAL_FORWARD,
+    # stock get_rope_index ignores the other model kwargs generate hands it (pixel_values, …); so does the hook
     get_rope_index: Contract(
         frozenset({"input_ids", "attention_mask"}) | _GRIDS, required=(("input_ids",), ("mm_token_type_ids",)),
+        var_keyword=True,
     ),
     prepare_position_ids_for_generation: Contract(
         frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),

@@ -405,6 +405,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state,
                       inner=inner)
+    if getattr(inner, "rope_deltas", None) is not None:
+        inner.rope_deltas = None  # the stock model's last deltas: nothing of the patched model reads or keeps them
     inner.__dict__[_STATE_ATTR] = state
     return model
 

@@ -338,9 +338,17 @@ def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch
     batch, length = types.shape
     placed = _place(state, prompt, 1)  # the prompt and one text token after it
     geo = torch.cat([placed[name] for name in state.geometries], dim=0).float()
+    start, geo = geo[:, :, length], geo[:, :, :length]
     text = text_row(mask, 0, batch, length, "cpu").float()
-    pos = torch.cat([text[None], geo[:, :, :length]], dim=0).to(device)
-    return pos, Continuation(geo[:, :, length].to(device), prompt.counts.to(device), length)
+    if mask is not None:  # padding after a row's last token sits one step before the text that follows it, so
+        # generate's rule for the next token (the last position + 1) gives the design's place (right padding)
+        valid = mask != 0
+        last = length - 1 - valid.flip(-1).long().argmax(-1)
+        trailing = (torch.arange(length)[None] > last[:, None]) & valid.any(-1, keepdim=True)
+        geo = torch.where(trailing[None], start[:, :, None] - 1, geo)
+        text = torch.where(trailing, prompt.counts[:, None].float() - 1, text)
+    pos = torch.cat([text[None], geo], dim=0).to(device)
+    return pos, Continuation(start.to(device), prompt.counts.to(device), length)
 
 
 def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device

@@ -71,6 +71,12 @@ class Adapter:
     #: decoder layers' forward, that the family adds and the patch hands on unread (MoE routing switches)
     forward_params: frozenset = frozenset()
     layer_params: frozenset = frozenset()
+    #: the bare model's forward builds the attention masks itself (from ``position_ids`` where it has no mask), not
+    #: the language model (Gemma 3 and PaliGemma: images attend to themselves both ways)
+    masks_in_forward: bool = False
+    #: what the family's ``prepare_inputs_for_generation`` adds to the position ids ``generate`` carries (PaliGemma
+    #: counts from 1 there); the position tensor handed to ``generate`` is lowered by it
+    generate_shift: float = 0.0
     #: parameters of the language model's forward that the family adds and the patch hands on unread (Qwen3-VL's
     #: DeepStack visual features)
     text_params: frozenset = frozenset()

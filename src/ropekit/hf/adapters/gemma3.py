@@ -27,6 +27,7 @@ class Gemma3(GridLlava):
     model_type = "gemma3"
     forward_params = frozenset({"token_type_ids"})
     rotary_params = frozenset({"layer_type"})
+    masks_in_forward = True
 
     def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
         """Tokens per side of an image's pooled grid; refuses a config whose pooling does not give that grid."""

@@ -22,6 +22,8 @@ class PaliGemma(GridLlava):
     model_type = "paligemma"
     forward_params = frozenset({"token_type_ids"})
     position_origin = 1.0
+    masks_in_forward = True
+    generate_shift = 1.0
 
     def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
         vcfg = config.vision_config
