@@ -14,6 +14,15 @@ N-D paper's generator:
 
 ``golden`` (2-D, Jerry Xiong's golden-angle directions) and ``random`` (normalised Gaussian) are the
 two reference generators without step 3.
+
+Two published 2-D schemes of the same form ``W[:, j] = ω_j u_j`` bring their own magnitudes ``ω_j`` as
+well as their own directions, so they are builders of their own rather than ``method`` names of
+:func:`directional_matrix` (whose magnitudes are always ``base^(-2j/R)``):
+
+- :func:`spiral_matrix` — Spiral RoPE (Liu et al. 2026): K directions ``kπ/K`` over rope-vit's axial
+  spectrum;
+- :func:`golden_gate_matrix` — Golden Gate RoPE (Jerry Xiong 2025, 2-D): direction ``k·π/φ`` for the
+  k-th pair counted over all heads, log-spaced magnitudes between ``min_freq`` and ``max_freq``.
 """
 from __future__ import annotations
 
@@ -22,9 +31,10 @@ from functools import lru_cache
 
 import torch
 
-from .planar import MAX_AXES, _check_dim, check_count, check_seed, inv_freq
+from .planar import MAX_AXES, _check_dim, check_base, check_count, check_seed, inv_freq
 
-__all__ = ["METHODS", "nd_directions", "directional_matrix", "primes", "sqrt_convergent"]
+__all__ = ["METHODS", "nd_directions", "directional_matrix", "primes", "sqrt_convergent", "spiral_matrix",
+           "golden_gate_matrix", "GOLDEN_GATE_STEP"]
 
 METHODS = ("sobol", "weyl", "ggr", "uniform", "golden", "random")
 # methods whose samples go through the inverse-CDF + continued-fraction procedure (step 2-3)
@@ -221,3 +231,151 @@ def directional_matrix(
     u = nd_directions(half, dims, method, seed=seed, cf_terms=cf_terms, error=error)
     omega = float(base) ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)
     return (u.T * omega[None, :]).to(dtype)
+
+
+#: Golden Gate RoPE's angle step between consecutive directions: π/φ = π(√5 − 1)/2 (≈ 111.2°), the golden
+#: section of the half turn (a direction and its opposite span the same line)
+GOLDEN_GATE_STEP = math.pi * (math.sqrt(5.0) - 1.0) / 2.0
+# at most this many heads for golden_gate_matrix (each a full (2, R/2) matrix)
+_MAX_HEADS = 1 << 12
+
+
+def _check_dtype(dtype: torch.dtype) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"`dtype` must be a floating torch.dtype such as torch.float32, got {dtype!r}")
+
+
+def _positive(value, name: str, hint: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`{name}` must be a real number > 0, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"`{name}` must be a finite number > 0 ({hint}), got {value!r}")
+    return float(value)
+
+
+def _finish(W: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
+    out = W.to(dtype)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"{what}: the frequencies overflow {dtype}; choose smaller frequencies")
+    return out
+
+
+def spiral_matrix(
+    rotary_dim: int,
+    directions: int = 4,
+    *,
+    base: float = 10000.0,
+    max_freq: float = 1.0,
+    same_theta: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Spiral RoPE's frequency matrix ``W (2, rotary_dim/2)`` for 2-D coordinates ``(row, col)``.
+
+    Spiral RoPE (Liu et al. 2026, "Spiral RoPE: Rotate Your Rotary Positional Embeddings in the 2D Plane")
+    ties groups of channel pairs to ``K = directions`` directions evenly spaced over the half turn,
+    ``φ_k = kπ/K`` (k = 0 … K-1, measured from the row axis towards the column axis), and rotates each
+    pair by its frequency times the projection of the position onto its direction. Pairs are numbered as
+    in the authors' code, whose pairs are GPT-J's ``(2j, 2j + 1)`` (use ``channels="interleaved"`` to
+    load its weights):
+
+    - pair ``j < R/4`` starts from the row axis, pair ``j ≥ R/4`` from the column axis (rope-vit's axial
+      halves); its frequency is ``max_freq · base^(-4p/R)``, ``p = j mod R/4`` (the axial spectrum);
+    - the pairs go in blocks of two, and block ``b = ⌊j/2⌋`` is turned by ``(b mod K/2)·π/K``, so the row
+      half covers ``φ_0 … φ_{K/2-1}`` and the column half ``φ_{K/2} … φ_{K-1}``.
+
+    ``same_theta=True`` is the code's ``SAME_THETA`` option: every direction gets the same
+    ``R/(2K)`` frequencies ``max_freq · base^(-2qK/R)`` (q = 0 … R/(2K) − 1), block b carrying
+    ``q ∈ {2⌊b'/(K/2)⌋, 2⌊b'/(K/2)⌋ + 1}`` with ``b'`` its block within its half. ``directions=2`` is axial
+    RoPE: ``frequency_matrix("axial", rotary_dim, 2, base=base)``. ``max_freq`` is the code's
+    ``MAX_FREQ_LANG`` (1.0 by default there, 1.5 in its ImageNet runs).
+
+    The authors' code turns a block by resampling its axis-aligned angle map bilinearly about the grid's
+    centre, clamping samples that fall outside the grid to its border. Inside the grid this is the
+    projection above plus a constant phase per pair, which cancels in ``q·k``; at the corners, for
+    directions off the axes, the clamped angles stop growing with position and the score is no longer
+    relative. ``W`` is the projection everywhere (the rule the paper states), so it matches the code
+    wherever the code does not clamp.
+    """
+    _check_dim(rotary_dim)
+    base = check_base(base)
+    K = check_count(directions, "directions", MAX_AXES)
+    if K % 2:
+        raise ValueError(
+            f"`directions` must be even (Spiral RoPE turns the row and the column halves alike, so directions "
+            f"come in perpendicular pairs; the authors' ROTATE is directions/2), got {K}; use e.g. 4 or 8"
+        )
+    if rotary_dim % (2 * K):
+        raise ValueError(
+            f"Spiral RoPE with directions={K} needs rotary_dim divisible by 2·directions = {2 * K} (blocks of "
+            f"two pairs per direction in each half), got rotary_dim={rotary_dim}; change either"
+        )
+    if not isinstance(same_theta, bool):
+        raise TypeError(f"`same_theta` must be True or False, got {same_theta!r}")
+    if same_theta and rotary_dim % (4 * K):
+        raise ValueError(
+            f"Spiral RoPE with same_theta=True and directions={K} needs rotary_dim divisible by 4·directions = "
+            f"{4 * K} (each direction gets rotary_dim/(2·directions) frequencies, an even number), got "
+            f"rotary_dim={rotary_dim}; use same_theta=False or change either"
+        )
+    max_freq = _positive(max_freq, "max_freq", "the highest frequency, 1.0 in the authors' code by default")
+    _check_dtype(dtype)
+    half, quarter, per_half = rotary_dim // 2, rotary_dim // 4, K // 2
+    j = torch.arange(half, dtype=torch.float64)
+    from_col = torch.div(j, quarter, rounding_mode="floor")  # 0: row half, 1: column half
+    p = j - from_col * quarter
+    turn = torch.remainder(torch.div(j, 2, rounding_mode="floor"), per_half)
+    k = turn + from_col * per_half  # direction index, φ_k = kπ/K
+    phi = k * (math.pi / K)
+    cos, sin = torch.cos(phi), torch.sin(phi)
+    cos[2 * k == K] = 0.0  # the column axis exactly, so directions=2 is axial RoPE bit for bit
+    if same_theta:
+        q = 2 * torch.div(torch.div(p, 2, rounding_mode="floor"), per_half, rounding_mode="floor") + p % 2
+        omega = max_freq / base ** (q / (rotary_dim // (2 * K)))
+    else:
+        omega = max_freq / base ** (p / quarter)  # the axial allocation's expression
+    return _finish(torch.stack((omega * cos, omega * sin)), dtype, "spiral_matrix")
+
+
+def golden_gate_matrix(
+    rotary_dim: int,
+    heads: int | None = None,
+    *,
+    min_freq: float,
+    max_freq: float,
+    zero_freqs: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Golden Gate RoPE's frequency matrix for 2-D coordinates ``(row, col)``: ``W (2, rotary_dim/2)``, or
+    per head ``(heads, 2, rotary_dim/2)``.
+
+    Golden Gate RoPE (Jerry Xiong, "On N-dimensional Rotary Positional Embeddings", 2025; its 2-D module)
+    gives pair f of head h the direction at angle ``a = (h·R/2 + f)·π/φ`` (:data:`GOLDEN_GATE_STEP`; the
+    count runs on across heads, so no two heads share directions), as ``(x, y) = (cos a, sin a)`` with x
+    the column and y the row: ``W[h, :, f] = ω_f · (sin a, cos a)`` in ``(row, col)`` order. Magnitudes:
+    the first ``zero_freqs`` pairs 0 (not rotated), the other ``m`` log-spaced from ``min_freq`` up to
+    ``max_freq``, ``ω = min_freq · (max_freq/min_freq)^(i/(m-1))`` (``min_freq`` alone when m = 1).
+    ``heads=None`` returns head 0 as ``(2, R/2)``.
+
+    Not a ``method`` of :func:`directional_matrix`: its magnitudes are not ``base^(-2j/R)`` and rise
+    with j, its step is π/φ (``golden`` steps by π(1 − √5), the full-turn golden angle), and directions
+    continue from head to head. The reference module places positions on a grid normalised to about
+    [−1, 1] (scaled by the aspect ratio); that placement is a position design, not part of ``W`` — on
+    integer coordinates, scale ``min_freq`` and ``max_freq`` by the reference's grid step to match it.
+    """
+    _check_dim(rotary_dim)
+    n = rotary_dim // 2
+    count = 1 if heads is None else check_count(heads, "heads", _MAX_HEADS)
+    if isinstance(zero_freqs, bool) or not isinstance(zero_freqs, int):
+        raise TypeError(f"`zero_freqs` must be an int (a number of unrotated pairs), got {zero_freqs!r}")
+    if not 0 <= zero_freqs <= n:
+        raise ValueError(f"`zero_freqs` must be in [0, rotary_dim/2 = {n}] (pairs left unrotated), got {zero_freqs}")
+    lo = _positive(min_freq, "min_freq", "the lowest non-zero frequency")
+    hi = _positive(max_freq, "max_freq", "the highest frequency")
+    _check_dtype(dtype)
+    m = n - zero_freqs
+    t = torch.arange(m, dtype=torch.float64) / (m - 1) if m > 1 else torch.zeros(m, dtype=torch.float64)
+    omega = torch.cat((torch.zeros(zero_freqs, dtype=torch.float64), lo * (hi / lo) ** t))
+    a = torch.arange(count * n, dtype=torch.float64).reshape(count, n) * GOLDEN_GATE_STEP
+    W = torch.stack((omega * torch.sin(a), omega * torch.cos(a)), dim=1)  # (heads, 2 = (row, col), n)
+    W = _finish(W, dtype, "golden_gate_matrix")
+    return W[0] if heads is None else W

@@ -3,7 +3,8 @@
 ``W`` has shape ``(A, R/2)`` (or ``(heads, A, R/2)`` for per-head schemes), ``R`` the rotary dim;
 the angle of frequency pair j for a token at coordinates ``c`` is ``c · W[:, j]``.
 Axial, M-RoPE sections, interleaved (Qwen3-VL), VRoPE groups and plain 1-D RoPE are one-hot
-columns; directional and mixed RoPE fill ``W`` densely.
+columns; proportional RoPE (Gemma 4) is 1-D RoPE with its trailing columns zero; directional and mixed
+RoPE fill ``W`` densely.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .published import PUBLISHED, published_matrix
 
 __all__ = ["inv_freq", "frequency_matrix", "angles", "ALLOCATIONS", "check_allocation", "check_base", "check_sections"]
 
-ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial") + PUBLISHED
+ALLOCATIONS = ("1d", "mrope", "interleaved", "vrope", "axial", "proportional") + PUBLISHED
 
 
 # Upper bounds that keep absurd sizes from allocating gigabytes before anything else fails.
@@ -126,6 +127,7 @@ def frequency_matrix(
     *,
     base: float = 10000.0,
     sections: Sequence[int] | None = None,
+    partial_rotary_factor: float | None = None,
 ) -> torch.Tensor:
     """Build ``W (num_axes, rotary_dim/2)`` for a named allocation.
 
@@ -140,6 +142,13 @@ def frequency_matrix(
     - ``"vrope"``: frequency k uses coordinate ``k mod A`` (VRoPE's interleaved groups).
     - ``"axial"``: the frequencies split into A contiguous equal chunks, each a full spectrum
       ``base ** (-j / n)`` over its ``n = rotary_dim / (2A)`` pairs (rope-vit axial).
+    - ``"proportional"`` (Gemma 4's proportional RoPE, one axis): the standard spectrum over the whole
+      ``rotary_dim`` (pass the head dim), of which only the first ``n = int(partial_rotary_factor ·
+      rotary_dim // 2)`` pairs rotate; the other columns are 0 (cos 1, sin 0: those channels pass
+      through). Give ``partial_rotary_factor`` in [0, 1] (Gemma 4's full-attention layers: 0.25) or
+      ``sections=[n, rotary_dim/2 − n]`` (rotated, unrotated pairs), which is what ``RoPE`` passes on.
+      Unlike ``rotary_dim < head_dim``, the rotated pairs keep the frequencies ``base^(−2j/head_dim)``,
+      and with ``channels="half"`` they are channels ``(j, j + head_dim/2)``, not the leading ones.
     - published multimodal variants (``"mrope-interleave"``, ``"videorope"``, ``"hope"``, ``"mmrope"``,
       ``"mhrope"`` per head, …): see :mod:`ropekit.rotations.published`.
     """
@@ -147,6 +156,21 @@ def frequency_matrix(
     check_count(num_axes, "num_axes", MAX_AXES)
     half = rotary_dim // 2
     check_allocation(allocation)
+    if partial_rotary_factor is not None and allocation != "proportional":
+        raise ValueError(
+            f"`partial_rotary_factor` belongs to allocation 'proportional' (Gemma 4), not {allocation!r}; "
+            f"drop it, or rotate fewer channels with rotary_dim < head_dim (RoPE(rotary_dim=...))"
+        )
+    if allocation == "proportional":
+        if num_axes != 1:
+            raise ValueError(f"allocation 'proportional' takes 1 axis (1-D positions, as in Gemma 4), got "
+                             f"num_axes={num_axes}; pass num_axes=1 and 1-D coordinates")
+        rotated = _proportional_pairs(half, partial_rotary_factor, sections)
+        W = inv_freq(rotary_dim, base)[None, :].clone()
+        W[:, rotated:] = 0.0
+        return W
+    if allocation == "bailing-mrope" and sections is not None:
+        sections = check_sections(sections)
     if allocation == "1d":
         if num_axes != 1:
             raise ValueError(f"allocation '1d' takes 1 axis, got num_axes={num_axes}; use 'mrope', 'axial' …")
@@ -196,6 +220,33 @@ def frequency_matrix(
     n = half // num_axes
     per_axis = 1.0 / (base ** (torch.arange(n, dtype=torch.float64) / n))
     return _one_hot(torch.arange(num_axes).repeat_interleave(n), per_axis.float().repeat(num_axes), num_axes)
+
+
+def _proportional_pairs(half: int, factor, sections) -> int:
+    """Number of rotated pairs of allocation 'proportional' from ``partial_rotary_factor`` or ``sections``."""
+    if (factor is None) == (sections is None):
+        raise ValueError(
+            "allocation 'proportional' needs exactly one of `partial_rotary_factor` (the fraction of the head "
+            "dim that rotates, e.g. 0.25 as in Gemma 4's full-attention layers) or `sections`=[rotated, "
+            f"unrotated] pairs summing to rotary_dim/2 = {half}"
+            + ("; got both" if factor is not None else "")
+        )
+    if sections is not None:
+        secs = check_sections(sections)
+        if len(secs) != 2 or min(secs) < 0 or sum(secs) != half:
+            raise ValueError(
+                f"allocation 'proportional': `sections` must be [rotated, unrotated] pairs, non-negative and "
+                f"summing to rotary_dim/2 = {half} (e.g. [{half // 4}, {half - half // 4}]), got {list(sections)}"
+            )
+        return secs[0]
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise TypeError(f"`partial_rotary_factor` must be a real number in [0, 1], got {type(factor).__name__}")
+    if not (math.isfinite(factor) and 0.0 <= factor <= 1.0):
+        raise ValueError(
+            f"`partial_rotary_factor` must be in [0, 1] (the fraction of the head dim that rotates), got {factor!r}"
+        )
+    # transformers' expression, int(factor * head_dim // 2); vLLM's int(head_size * factor) // 2 is the same
+    return int(float(factor) * (2 * half) // 2)
 
 
 def check_sections(sections: Sequence[int]) -> list[int]:

@@ -15,12 +15,19 @@ is not rotated (NoPE). All of these take three axes (t, h, w).
 - ``"hope"`` / ``"hope-public"``: HoPE's hybrid allocation: the ``videorope`` (resp. public) rule with
   every temporal pair set to frequency 0, so time is not rotated at all (for text tokens too).
 - ``"mmrope"``: the axes repeat ``t, t, h, w, h, w, h, w`` over the pairs (16/24/24 of 64).
+- ``"bailing-mrope"`` (Bailing M-RoPE, the Ling/Ming vision-language family, vLLM's
+  ``BailingMRotaryEmbedding``): ``sections = [t, h, w]`` with ``h == w`` is required (the checkpoint's
+  ``mrope_section``, e.g. ``[8, 12, 12]`` for a rotary dim of 64); the first ``h + w`` pairs alternate h
+  (even j) and w (odd j), the last ``t`` pairs are temporal. That is the ``"videorope"`` rule with
+  explicit sections. The family rotates GPT-J pairs ``(2j, 2j + 1)``: use it with
+  ``channels="interleaved"``.
 - ``"mhrope"``: a *per-head* matrix ``(H, 3, R/2)``: ``sections = [n_t, n_h, n_w]`` (default
   ``[2, 3, 3]``) gives the number of whole heads that rotate every pair by t, h or w, in that order;
   a fourth entry adds that many heads with no rotation at all (MHRoPE's leftover heads).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -62,6 +69,18 @@ def _mmrope(half: int, sections, name: str) -> torch.Tensor:
     return torch.tensor([T, T, H, W, H, W, H, W])[torch.arange(half) % 8]
 
 
+def _bailing(half: int, sections, name: str) -> torch.Tensor:
+    if sections is None:
+        raise ValueError(f"allocation {name!r} has no default split: pass sections=[t, h, w] with h == w, the "
+                         f"checkpoint's mrope_section, summing to rotary_dim/2 = {half} (e.g. [8, 12, 12] "
+                         f"for rotary_dim 64)")
+    if isinstance(sections, (str, bytes)) or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sections):
+        raise TypeError(f"allocation {name!r}: `sections` must be three ints [t, h, w] (numbers of frequency "
+                        f"pairs), got {sections!r}")
+    return _videorope(half, sections, False, name)
+
+
 def _mrope_interleave(half: int, sections, name: str) -> torch.Tensor:
     if sections is None:
         hw = (5 * half) // 16
@@ -84,6 +103,7 @@ _RULES: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
     "hope": (lambda half, s, n: _videorope(half, s, False, n), True),
     "hope-public": (lambda half, s, n: _videorope(half, s, True, n), True),
     "mmrope": (_mmrope, False),
+    "bailing-mrope": (_bailing, False),
 }
 
 PUBLISHED = tuple(_RULES) + ("mhrope",)
