@@ -577,7 +577,7 @@ def test_vision_tokens_after_a_cache_are_refused_not_placed_as_text(qwen2, desig
         qwen2(input_ids=new, mm_token_type_ids=torch.zeros_like(new), **step)
 
 
-def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
+def test_compiled_cached_decoding_equals_eager(qwen2):
     """Compiled cached decoding (fullgraph) reads the continuation the cache keeps with plain tensor
     arithmetic. Reference: eager decoding."""
     inputs, _ = make_batch(pad="left")
@@ -593,15 +593,14 @@ def test_compiled_decoding_past_the_placed_text(qwen2, monkeypatch):
                 out = forward(input_ids=nxt, mm_token_type_ids=torch.zeros_like(nxt), attention_mask=mask,
                               use_cache=True, **{CACHE: cache})
                 cache = out.past_key_values
-                seen.append((last_positions(qwen2), out.logits[:, -1]))
+                seen.append(out.logits[:, -1])
         return seen
 
     eager = run(qwen2.forward)
     torch._dynamo.reset()
     compiled = run(torch.compile(qwen2.forward, fullgraph=True, backend="eager"))
-    for (pe, le), (pc, lc) in zip(eager, compiled):
-        for i in pe:
-            torch.testing.assert_close(pc[i], pe[i], rtol=0, atol=1e-5)
+    torch._dynamo.reset()
+    for le, lc in zip(eager, compiled):
         torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-5)
 
 

@@ -1,8 +1,8 @@
 """A patched model saved with save_pretrained and reloaded is patched again by ``patch_model(model)``.
 
-References: the original patched model's logits (the reloaded, re-patched model must give the same
-bits), the stock model's logits (the saved folder loads in plain transformers, which ignores the
-``ropekit`` config key), and the config.json file itself.
+References: the original patched model's logits (the reloaded model, patched from its record, must give the
+same bits), the stock model's logits (``load_stock`` loads the folder as the stock model on purpose), and the
+config.json file itself. tests/test_hf_checkpoint_load.py loads saved folders in fresh interpreters.
 """
 import json
 import os
@@ -18,7 +18,9 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
 )
 
-from ropekit.hf import is_patched, layer_designs, patch_model, unpatch_model
+from transformers import AutoModelForImageTextToText
+
+from ropekit.hf import is_patched, layer_designs, load_stock, patch_model, unpatch_model
 from ropekit.hf.persist import CONFIG_KEY
 
 IMG, VID = 70, 71
@@ -76,14 +78,17 @@ def test_save_reload_restores_the_patch(tmp_path, family):
     assert saved["layers"] == ["circle", "mrope", "circle", "mrope"]
     assert saved["sections"] == [2, 3, 3]
 
-    # plain transformers loads the folder: the extra key is ignored and the model is the stock one
-    plain = cls.from_pretrained(tmp_path).eval()
-    assert not is_patched(plain)
+    # the stock model only on purpose: the family's config without the record
+    plain = load_stock(str(tmp_path)).eval()
+    assert not is_patched(plain) and type(plain) is cls
     assert torch.equal(_logits(plain, inputs), stock)
 
-    patch_model(plain)  # no design: the one recorded in the config
-    assert layer_designs(plain) == ["circle", "mrope", "circle", "mrope"]
-    assert torch.equal(_logits(plain, inputs), patched)
+    again = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()  # patched from the record
+    assert layer_designs(again) == ["circle", "mrope", "circle", "mrope"]
+    assert torch.equal(_logits(again, inputs), patched)
+    unpatch_model(again)
+    patch_model(again, "circle", age="alternate", alpha=0.5, options={"mrope": {}})  # as recorded: the same
+    assert torch.equal(_logits(again, inputs), patched)
 
 
 def test_unpatch_removes_the_record_and_nothing_to_restore_is_an_error(tmp_path):

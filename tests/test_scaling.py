@@ -244,3 +244,52 @@ def test_axial_allocation_scales_each_axis_as_its_own_spectrum():
     torch.testing.assert_close(W[0, : HEAD_DIM // 4], per_axis, rtol=1e-6, atol=0)
     torch.testing.assert_close(W[1, HEAD_DIM // 4:], per_axis, rtol=1e-6, atol=0)
     assert (W[0, HEAD_DIM // 4:] == 0).all() and (W[1, : HEAD_DIM // 4] == 0).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# one pipeline: RoPE and the patch scale the axial allocation alike, each axis as a spectrum of its own
+
+
+def _yarn64(dim: int, base: float, factor: float, original: int, beta_fast=32.0, beta_slow=1.0):
+    """YaRN's inverse frequencies of a rotary of ``dim`` channels, recomputed in float64 from the paper's formulas
+    (interpolation by ``factor`` below the correction range, extrapolation above, a linear ramp between)."""
+    import math
+
+    j = torch.arange(0, dim, 2, dtype=torch.float64)
+    extra = base ** (-j / dim)
+    inter = extra / factor
+
+    def corr(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # extrapolated share
+    return inter * (1 - keep) + extra * keep
+
+
+def test_axial_allocation_scales_each_axis_as_its_own_spectrum_in_rope_and_the_patch():
+    """RoPE and patch_model asked for the same axial frequencies under YaRN: both equal YaRN over each axis's own
+    R/A channels (float64 recomputation), not over the whole head."""
+    from transformers import Qwen2VLConfig, Qwen2VLModel
+
+    import ropekit
+
+    rope_params = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+                   "mrope_section": [2, 3, 3]}
+    want = _yarn64(8, 10000.0, 4.0, 64).float()  # head 16, two axes: 8 channels (4 pairs) each
+    rope = ropekit.RoPE(design="rope2d", head_dim=16, allocation="axial", scaling=rope_params)
+    W = rope.frequencies(2)
+    cfg = Qwen2VLConfig(text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2,
+                                         num_key_value_heads=1, vocab_size=80, num_hidden_layers=1,
+                                         max_position_embeddings=256, rope_parameters=rope_params),
+                        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1,
+                                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2))
+    model = ropekit.patch_model(Qwen2VLModel(cfg), "rope2d", allocation="axial")
+    Wp = model.__dict__["_ropekit_patch"].geometries["rope2d"].W
+    for got in (W, Wp):
+        assert got.shape == (2, 8)
+        torch.testing.assert_close(got[0, :4], want, rtol=1e-6, atol=0)
+        torch.testing.assert_close(got[1, 4:], want, rtol=1e-6, atol=0)
+        assert not got[0, 4:].any() and not got[1, :4].any()

@@ -26,7 +26,7 @@ from .rotations.directional import directional_matrix
 from .rotations.planar import (
     MAX_AXES, angles, check_allocation, check_base, check_count, check_sections, frequency_matrix,
 )
-from .rotations.scaling import attention_factor, parse_scaling, scale_frequencies
+from .rotations.scaling import attention_factor, parse_scaling, scale_frequencies, spectrum_dim
 
 __all__ = ["RoPE", "DirectionalRoPE", "design_frequencies", "design_axes", "rotate_qk_tables", "rotate_table"]
 
@@ -232,9 +232,8 @@ class RoPE(_PlanarRotary):
         if self._scaling.rope_type == "default":
             return self._W[num_axes]
         if self._scaling.depends_on_length or num_axes not in self._W_scaled:
-            axial = self.resolved_allocation == "axial"
             W, _ = scale_frequencies(self._W[num_axes], self._scaling, base=self.base, seq_len=seq_len,
-                                     dim=self.rotary_dim // num_axes if axial else self.rotary_dim)
+                                     dim=spectrum_dim(self.resolved_allocation, self.rotary_dim, num_axes))
             if self._scaling.depends_on_length:
                 return W
             self._W_scaled[num_axes] = W

@@ -28,9 +28,9 @@ from ..age import age_schedule
 from ..designs import get_design, positions
 from ..designs.registry import check_options
 from ..rotations.planar import frequency_matrix
-from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config
+from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config, spectrum_dim
 from .adapters import ADAPTERS, REFUSED, Adapter
-from . import boundary, hooks, persist
+from . import auto, boundary, hooks, persist
 from .state import _Geometry, _State
 
 __all__ = ["patch_model", "unpatch_model", "position_ids", "position_rows", "last_positions", "layer_designs",
@@ -207,12 +207,13 @@ def _geometry(
             f"allocation='mrope-interleave' for its positions with a shared allocation, or use ropekit.RoPE for "
             f"per-head rotation"
         )
+    dim = spectrum_dim(alloc, head_dim, num_axes)  # what the scaling reads, as ropekit.RoPE reads it
     if scaling is None or scaling.rope_type == "default":
-        return _Geometry(name, dict(options), alloc, W, dim=head_dim, base=base)
+        return _Geometry(name, dict(options), alloc, W, dim=dim, base=base)
     if scaling.depends_on_length:  # rescaled each forward from its length (hooks → state.frequencies)
-        return _Geometry(name, dict(options), alloc, W, scaling=scaling, dim=head_dim, base=base)
-    return _Geometry(name, dict(options), alloc, scale_frequencies(W, scaling, base=base, dim=head_dim)[0],
-                     dim=head_dim, base=base)
+        return _Geometry(name, dict(options), alloc, W, scaling=scaling, dim=dim, base=base)
+    return _Geometry(name, dict(options), alloc, scale_frequencies(W, scaling, base=base, dim=dim)[0],
+                     dim=dim, base=base)
 
 
 class _RopeConfig:
@@ -405,6 +406,9 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state,
                       inner=inner)
+    auto.mark(inner.config)  # saved in ropekit's form: loads patched, never silently as the stock model
+    if top is not None and top.config is not inner.config:
+        auto.mark(top.config)
     if getattr(inner, "rope_deltas", None) is not None:
         inner.rope_deltas = None  # the stock model's last deltas: nothing of the patched model reads or keeps them
     inner.__dict__[_STATE_ATTR] = state
@@ -432,6 +436,9 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: 
     inner.__dict__.pop(_STATE_ATTR, None)
     if erase:
         persist.erase(inner.config)
+        for config in (inner.config, getattr(top, "config", None)):
+            if config is not None:
+                auto.unmark(config)
 
 
 def last_positions(model: nn.Module) -> dict[int, torch.Tensor]:

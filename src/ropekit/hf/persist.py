@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 CONFIG_KEY = "ropekit"
-FORMAT = 1  # bump when the record's fields change meaning
+FORMAT = 2  # bump when the record's fields change meaning (2: config.json saved in ropekit's form, hf/auto.py)
 
 __all__ = ["CONFIG_KEY", "saved_patch", "record", "erase", "arguments", "check_restored"]
 

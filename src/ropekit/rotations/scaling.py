@@ -345,6 +345,14 @@ def _exponents(theta: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor
     return e, idx
 
 
+def spectrum_dim(allocation: str, rotary_dim: int, num_axes: int) -> int:
+    """The length of the spectrum a frequency matrix's entries come from, which rope scaling reads (YaRN's
+    correction range, NTK's base change): each axis's own ``rotary_dim / num_axes`` channels under the axial
+    allocation (every axis a full spectrum of its own), the whole ``rotary_dim`` under every other allocation (the
+    axes share one spectrum). :class:`ropekit.RoPE` and :func:`ropekit.patch_model` both ask this."""
+    return rotary_dim // num_axes if allocation == "axial" else rotary_dim
+
+
 def scale_frequencies(
     W: torch.Tensor,
     scaling: "Mapping[str, Any] | Scaling | None",
