@@ -22,7 +22,7 @@ from . import block_cache as _block_cache
 from . import layout as _layout
 from .designs import hope as _hope
 from .designs import positions
-from .designs.registry import check_options, describe_options, get_design, num_axes as design_axes
+from .designs.registry import check_options, describe_options, design_axes, get_design, num_axes
 from .layout import _FLOAT32_MAX, IMAGE, TEXT, VIDEO, Image, Layout, Text, Video
 
 __all__ = ["rope_index", "decode_positions", "hope_index", "MAX_BATCH_COORDINATES"]
@@ -281,7 +281,7 @@ def rope_index(
     d = get_design(design)
     rule = d.block_rule
     check_options(d, design_options)
-    axes = design_axes(d, _ONE_TEXT, design_options)  # images and videos are 2-D in every design
+    axes = num_axes(d, _ONE_TEXT, design_options)  # images and videos are 2-D in every design
     if axes is not None:
         _check_coordinates(axes, shape[0], shape[1], f"rope_index: design {d.name!r}")
     if rule is not None and types.numel():
@@ -424,7 +424,7 @@ def _index_per_layout(
         placed.append(pos)
         deltas.append(nxt - lay.num_tokens)
     if num_axes is None:  # nothing valid anywhere: ask the design for its number of axes
-        num_axes = positions("T1", design, **design_options).shape[1]
+        num_axes = design_axes(design, **design_options)
 
     out = torch.zeros(batch, shape[1], num_axes, dtype=torch.float32)
     if placed:

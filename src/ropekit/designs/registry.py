@@ -271,6 +271,21 @@ def describe_options(options: dict) -> str:
     return " with " + ", ".join(f"{k}={v!r}"[:60] for k, v in options.items())
 
 
+def design_axes(name: str, **options) -> int:
+    """How many axes design ``name`` places tokens on with ``options``, for any layout: the one answer
+    :class:`ropekit.RoPE`'s wrappers, :func:`ropekit.index.rope_index` and :func:`ropekit.patch_model` ask for.
+    Checks the design and its options as placing does."""
+    d = get_design(name)
+    lay = Layout.parse("T1")
+    if isinstance(d.axes, int):
+        check_options(d, options)
+        return d.axes
+    if callable(d.axes):
+        check_options(d, options)
+        return int(d.axes(lay, **options))
+    return int(positions(lay, name, **options).shape[1])
+
+
 def num_axes(design: Design, layout: Layout, options: dict) -> Optional[int]:
     """The design's number of axes for ``layout`` and ``options`` without placing anything (None: unknown)."""
     if design.axes is None or isinstance(design.axes, int):

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..age import age_schedule
 from ..designs import get_design, positions
-from ..designs.registry import check_options
+from ..designs.registry import check_options, design_axes
 from ..rotations.planar import frequency_matrix
 from ..rotations.scaling import attention_factor, parse_scaling, scale_frequencies, scaling_from_config, spectrum_dim
 from .adapters import ADAPTERS, REFUSED, Adapter
@@ -189,7 +189,7 @@ def _geometry(
 ) -> _Geometry:
     d = get_design(name)
     check_options(d, options)
-    num_axes = positions("T1", name, **options).shape[1]  # a design's axis count is the same for every layout
+    num_axes = design_axes(name, **options)
     own = d.allocation_for(options)
     alloc = allocation or (native if own == "mrope" else own)
     secs = list(sections) if _uses_sections(alloc, num_axes, sections, native) else None

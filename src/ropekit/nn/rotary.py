@@ -15,7 +15,7 @@ from torch import nn
 
 from ..apply._inputs import check_qk, match_coords_batch
 from ..apply.planar import cos_sin
-from ..designs.registry import positions
+from ..designs.registry import design_axes, positions
 from ..layout import Layout
 from ..rope import RoPE, rotate_qk_tables, rotate_table
 from ..rotations.planar import angles
@@ -67,7 +67,7 @@ class RotaryEmbedding(nn.Module):
                          sections=sections, channels="interleaved" if interleaved else "half",
                          design_options=dict(design_options or {}),
                          scaling=None if scaling is None else dict(scaling))
-        natural = positions("T1", design, **self.rope.design_options).shape[-1]
+        natural = design_axes(design, **self.rope.design_options)
         if num_axes is None:
             num_axes = natural
         if isinstance(num_axes, bool) or not isinstance(num_axes, int) or num_axes < 1:
