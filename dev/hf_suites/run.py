@@ -46,7 +46,7 @@ DEFAULT_MIRROR = Path("/work/.mirror/zucchini-nlp+transformers/repo")
 EXTRA_PACKAGES = ["requests", "httpx", "parameterized", "pytest-timeout"]
 # the mirror's test folders that the model suites import (besides tests/models/<family>/)
 SHARED_TEST_PATHS = ["tests/exporters", "tests/generation", "tests/utils", "tests/tensor_parallel",
-                     "tests/models/__init__.py", "utils/test_module"]
+                     "tests/models/__init__.py", "utils/test_module", "utils/fetch_hub_objects_for_ci.py"]
 # model types whose suite lives under another folder name
 SUITE_DIR = {"qwen2_5_omni_thinker": "qwen2_5_omni", "qwen3_omni_moe_thinker": "qwen3_omni_moe"}
 MODES = ("stock", "patched")
@@ -125,6 +125,10 @@ def prepare_tree(scratch: Path, mirror: Path, ref: str, families: list[str], sdi
     (tree / "src").mkdir()
     (tree / "src" / "transformers").symlink_to(lib)
     shutil.copy(HERE / "conftest_suite.py", tree / "conftest.py")
+    # the mirror's testing_utils, from which conftest.py takes the plain constants its testers import that the
+    # installed release lacks (_TEXT_MODEL_TESTER_DEFAULTS)
+    (tree / "mirror_testing_utils.py").write_text(
+        sh(git + ["show", f"{ref}:src/transformers/testing_utils.py"]).stdout)
     (tree / "pytest.ini").write_text("[pytest]\naddopts =\n")  # no ini of ropekit's applies here
     return tree
 
@@ -138,6 +142,7 @@ def run_suite(tree: Path, python: str, family: str, mode: str, results: Path, ar
     out = results / f"{family}.{mode}.jsonl"
     log = results / f"{family}.{mode}.log"
     out.unlink(missing_ok=True)
+    Path(f"{out}.shims").unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=getattr(args, "pythonpath", ""), ROPEKIT_HF_SUITES_RESULTS=str(out),
                ROPEKIT_HF_SUITES_PATCH="1" if mode == "patched" else "0",
                OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), PYTHONDONTWRITEBYTECODE="1")
@@ -176,6 +181,11 @@ def load(results: Path, family: str, mode: str):
     return recs, meta
 
 
+def _shims(results: Path, family: str, mode: str) -> list[str]:
+    path = results / f"{family}.{mode}.jsonl.shims"
+    return path.read_text().split() if path.exists() else []
+
+
 def cause(error: str) -> str:
     """The error line with the numbers, tensors and quoted values that vary from test to test blanked out."""
     s = error.strip()
@@ -189,14 +199,26 @@ def short(nodeid: str) -> str:
 
 
 def report(results: Path, families: list[str], header: str) -> str:
+    shims = sorted({n for f in families for m in MODES for n in _shims(results, f, m)})
+    if shims:
+        header += (f"\n\nConstants the mirror's test helpers import that transformers.testing_utils lacks, taken "
+                   f"from the mirror's testing_utils.py: {', '.join(shims)}")
     lines = [header, "", "| family | tests | pass stock | pass patched | fail patched (pass stock) | fail both | "
              "pass patched only | patched models | run |", "|---|---|---|---|---|---|---|---|---|"]
     details = []
     for fam in families:
         stock, smeta = load(results, fam, "stock")
         patched, pmeta = load(results, fam, "patched")
-        if stock is None or patched is None:
-            lines.append(f"| {fam} | not run | | | | | | | |")
+        if not stock or not patched:
+            why = "not run"
+            for mode, recs in (("stock", stock), ("patched", patched)):
+                log = results / f"{fam}.{mode}.log"
+                if not recs and log.exists():
+                    err = next((ln[1:].strip() for ln in log.read_text(errors="replace").splitlines()
+                                if ln.startswith("E ")), "no test ran")
+                    why = f"{mode}: no test ran: `{err[:150]}`"
+                    break
+            lines.append(f"| {fam} | {why} | | | | | | | |")
             continue
         ids = sorted(set(stock) | set(patched))
         ok = lambda recs, i: i in recs and recs[i]["outcome"] == "passed"  # noqa: E731
@@ -225,9 +247,13 @@ def report(results: Path, families: list[str], header: str) -> str:
                 details.append(f"  - e.g. `{short(first_id)}`{sub}; also: "
                                + (", ".join(f"`{short(i).split('::')[-1]}`" for i, _ in members[1:12]) or "–")
                                + (" …" if len(members) > 12 else ""))
-        if both:
-            details.append(f"\nFail stock too ({len(both)}): "
-                           + ", ".join(f"`{short(i).split('::')[-1]}` (`{stock[i]['error'][:80]}`)" for i in both))
+        if both:  # the suite's own failures with this transformers: by cause, one test named each
+            groups = collections.defaultdict(list)
+            for i in both:
+                groups[cause(stock[i]["error"])].append(i)
+            details.append(f"\nFail stock too ({len(both)}): " + "; ".join(
+                f"{len(ids_)} × `{stock[ids_[0]]['error'][:100].replace('`', chr(39))}` (e.g. "
+                f"`{short(ids_[0]).split('::')[-1]}`)" for ids_ in sorted(groups.values(), key=len, reverse=True)))
     return "\n".join(lines + details) + "\n"
 
 
@@ -246,9 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default %(default)s)")
     p.add_argument("-k", help="pytest -k expression, to run part of each suite")
-    p.add_argument("--ropekit", choices=("head", "worktree"), default="head",
-                   help="test ropekit's committed HEAD (a copy of src/ropekit in the scratch folder; default), or the "
-                        "work tree with its uncommitted edits")
+    p.add_argument("--ropekit", default="HEAD", metavar="REV|worktree",
+                   help="the ropekit revision to test, copied from git into the scratch folder (default HEAD), or "
+                        "'worktree': the work tree with its uncommitted edits")
     args = p.parse_args(argv)
 
     supported = supported_models(args.python)
@@ -260,7 +286,8 @@ def main(argv=None) -> int:
     results = scratch / "results"
     results.mkdir(parents=True, exist_ok=True)
     version = installed_transformers(args.python)
-    commit = sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).stdout.strip()
+    rev = "HEAD" if args.ropekit == "worktree" else args.ropekit
+    commit = sh(["git", "-C", str(REPO), "rev-parse", "--short", rev]).stdout.strip()
     dirty = sh(["git", "-C", str(REPO), "status", "--porcelain", "--", "src"]).stdout.split("\n")
     dirty = [line[3:] for line in dirty if line.strip()]
     if args.ropekit == "worktree" and dirty:  # the suites import ropekit from the work tree, edits included
@@ -274,17 +301,18 @@ def main(argv=None) -> int:
         python = overlay_venv(scratch, args.python)
         sdist = sdist_tests(scratch, python, version)
         tree = prepare_tree(scratch, args.mirror, args.ref, families, sdist, python)
-        if args.ropekit == "head":
-            snapshot = scratch / "ropekit-head"
+        if args.ropekit != "worktree":
+            snapshot = scratch / "ropekit-rev"
             shutil.rmtree(snapshot, ignore_errors=True)
             snapshot.mkdir()
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD", "src/ropekit"], check=True,
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src/ropekit"], check=True,
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
             args.pythonpath = str(snapshot / "src")
         (results / "source.json").write_text(json.dumps({"mirror": str(args.mirror), "ref": args.ref,
                                                          "mirror_commit": mirror_rev, "transformers": version,
-                                                         "sdist": sdist.name, "ropekit_commit": commit}))
+                                                         "sdist": sdist.name, "ropekit_commit": commit,
+                                                         "ropekit": args.ropekit}))
         for fam in families:
             for mode in MODES:
                 if args.mode not in ("both", mode):
@@ -305,6 +333,7 @@ def main(argv=None) -> int:
 def _header(results: Path, version: str, commit: str) -> str:
     src = results / "source.json"
     s = json.loads(src.read_text()) if src.exists() else {}
+    commit = s.get("ropekit_commit", commit)  # what the runs tested, not what HEAD is now
     return (f"transformers {version}; ropekit {commit}; tests/models from {s.get('mirror', '?')} @ {s.get('ref', '?')} "
             f"({s.get('mirror_commit', '?')}), top-level tests/test_*.py from {s.get('sdist', '?')}")
 
