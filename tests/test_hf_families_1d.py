@@ -538,3 +538,33 @@ def test_llava_with_a_cohere_language_model_gets_cohere_tables():
     patch_model(model, "vanilla")
     assert model.model.__dict__["_ropekit_patch"].layout == "pairs" and LLAVA_IMG == IMG
     assert torch.equal(_logits(model, inputs)[keep], stock[keep])
+
+
+def _one_sample_batches(name):
+    """Each of the family's samples as a batch of its own (no padding), as a packing collator receives them."""
+    import dataclasses
+
+    family, out = FAMILIES[name], []
+    for i, segs in enumerate(family.samples):
+        FAMILIES[name] = dataclasses.replace(family, samples=[segs])
+        try:
+            out.append(make_batch(name, seed=i)[0])
+        finally:
+            FAMILIES[name] = family
+    return out
+
+
+@pytest.mark.parametrize("design", ["vanilla", "circle"])
+def test_packed_rows_equal_per_sample_runs(fam, design):
+    """Samples packed into one padding-free row (ropekit.hf.pack): each sample's logits equal its own run. Gemma 3 and
+    PaliGemma build their two-way image masks in their own forward, so packing is refused there."""
+    name, model = fam
+    samples = _one_sample_batches(name)
+    patch_model(model, design)
+    if name in ("gemma3", "paligemma"):
+        with pytest.raises(ValueError, match="token_type_ids|packed rows are not supported"):
+            _logits(model, ropekit.hf.pack(model, samples))
+        return
+    row = ropekit.hf.pack(model, samples)
+    alone = torch.cat([_logits(model, s)[0] for s in samples])
+    torch.testing.assert_close(_logits(model, row)[0], alone, rtol=1e-5, atol=1e-5)

@@ -518,3 +518,23 @@ def test_minicpmv4_7_pins_its_markers_off_the_diagonal():
     assert pos[:, 0, 4:8].tolist() == [[s] * 4, [s, s, s + 1, s + 1], [s, s + 1, s, s + 1]]
     assert pos[:, 0, 8].tolist() == [s, s + 2, s + 2]
     assert pos[:, 0, 9:].tolist() == [[s + 3, s + 4]] * 3
+
+
+@pytest.mark.parametrize("patch", [dict(design="mrope", continuation="spatial"), dict(design="circle", age="alternate")],
+                         ids=["stock-equivalent", "circle-age"])
+def test_packed_rows_equal_per_sample_runs(fam, patch):
+    """Samples packed into one padding-free row (ropekit.hf.pack): each sample's logits equal its own run. Families
+    with linear-attention layers (Qwen3.5) carry a recurrent state across a row, so packing is refused there."""
+    name, family, model = fam
+    patch_model(model, **patch)
+    # images and videos in rows of their own: GLM writes video frames with the image token id, and its stock forward
+    # takes a batch of one kind
+    for kind in [IMAGES] + ([VIDEOS] if family.videos else []):
+        samples = [make_batch(family, [segs], seed=i)[0] for i, segs in enumerate(kind)]
+        row = ropekit.hf.pack(model, samples)
+        if "linear_attention" in (getattr(model.config.get_text_config(), "layer_types", None) or []):
+            with pytest.raises(ValueError, match="linear_attention"):
+                _logits(model, row)
+            return
+        alone = torch.cat([_logits(model, s)[0] for s in samples])
+        torch.testing.assert_close(_logits(model, row)[0], alone, rtol=1e-5, atol=1e-5)

@@ -412,7 +412,8 @@ def text_forward(hook: Hook, *args: Any, **kwargs: Any):
     """The language model's forward given a position tensor: the masks transformers would build from 1-D
     positions are built from its text row (row 0), then the stock forward runs with the whole tensor.
 
-    Without an attention mask and a cache, transformers reads packed sequences off the positions: packed rows
+    Without an attention mask and cached tokens, transformers reads packed sequences off the positions (an empty cache,
+    which a forward given ``use_cache=True`` makes, changes nothing here): packed rows
     (the text row restarting) get a block-diagonal mask made from the text row; otherwise an all-ones mask stands
     for "no padding", which builds the same mask as none.
     """
@@ -421,8 +422,7 @@ def text_forward(hook: Hook, *args: Any, **kwargs: Any):
     state = hook.state
     if not (isinstance(pos, torch.Tensor) and pos.ndim == 3 and pos.shape[0] == state.num_rows) or mask is not None:
         return hook.call_previous(**given)
-    cache = cache_of(given)
-    if cache is not None:
+    if _cache_length(cache_of(given))[0]:  # after cached tokens transformers reads no positions for masks
         return hook.call_previous(**given)
     embeds = given.get("inputs_embeds")
     ref = embeds if embeds is not None else given["input_ids"]

@@ -110,12 +110,26 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
         out["mm_token_type_ids"] = torch.cat(seq["mm_token_type_ids"], dim=1)
     for k, parts in stacked.items():
         if parts:
-            out[k] = torch.cat([p if p.ndim else p[None] for p in parts], dim=0)
+            out[k] = torch.cat(_same_tiles([p if p.ndim else p[None] for p in parts], k), dim=0)
     out.update(shared)
     if return_flash_attn_kwargs:
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
     return out
+
+
+def _same_tiles(parts: list, name: str) -> list:
+    """Per-sample ``(1, tiles, …)`` inputs with different tile counts (Idefics3, SmolVLM: samples × tiles, an all-zero
+    tile is padding) zero-padded to the most tiles; any other shape mismatch is refused naming the input."""
+    shapes = {tuple(p.shape[1:]) for p in parts}
+    if len(shapes) == 1:
+        return parts
+    rest = {s[1:] for s in shapes if len(s) >= 2}
+    if len(rest) == 1 and all(len(s) >= 3 for s in shapes) and all(p.shape[0] == 1 for p in parts):
+        most = max(p.shape[1] for p in parts)
+        return [torch.cat([p, p.new_zeros(1, most - p.shape[1], *p.shape[2:])], dim=1) for p in parts]
+    raise ValueError(f"pack: the samples' `{name}` have shapes {sorted(shapes)} past the first dimension, which "
+                     f"cannot be stacked; give every sample the same {name} shape")
 
 
 class PackingCollator:
