@@ -4,3 +4,7 @@ from .rotary import RotaryEmbedding
 from .learned import GRAPE, ComRoPE, LieRE
 
 __all__ = ["Rotary", "RotaryAttention", "RotaryEmbedding", "TinyViT", "LieRE", "ComRoPE", "GRAPE"]
+from .fope import FoPE
+from .string_rope import STRING
+
+__all__ += ["FoPE", "STRING"]
