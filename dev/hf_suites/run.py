@@ -107,6 +107,10 @@ def sdist_tests(scratch: Path, python: str, version: str) -> Path:
     return tar
 
 
+def _imports(python: str, tree: Path, stem: str) -> bool:
+    return subprocess.run([python, "-c", f"import tests.{stem}"], cwd=tree, capture_output=True).returncode == 0
+
+
 def prepare_tree(scratch: Path, mirror: Path, ref: str, families: list[str], sdist: Path, python: str) -> Path:
     tree = scratch / "tree"
     shutil.rmtree(tree, ignore_errors=True)
@@ -118,8 +122,35 @@ def prepare_tree(scratch: Path, mirror: Path, ref: str, families: list[str], sdi
     archive = subprocess.run(git + ["archive", ref, *paths], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     version = sdist.name[len("transformers-"):-len(".tar.gz")]
+    mirror_copies = {p: (tree / p).read_bytes() for p in top}
     subprocess.run(["tar", "-xzf", str(sdist), "-C", str(tree), "--strip-components=1", "--wildcards",
                     f"transformers-{version}/tests/*.py"], check=True)
+    # a release's common test file that imports a tests module neither source has (the sdist ships only the
+    # top-level files) stays the mirror's copy
+    kept = []
+    for path in sorted((tree / "tests").glob("*.py")):
+        rel = f"tests/{path.name}"
+        wanted = re.findall(r"^\s*from (?:\.|tests\.)([\w.]+) import", path.read_text(), flags=re.M)
+        missing = [m for m in wanted if not (tree / "tests" / (m.replace(".", "/") + ".py")).exists()
+                   and not (tree / "tests" / m.replace(".", "/")).is_dir()]
+        if not missing:
+            continue
+        if rel in mirror_copies:
+            path.write_bytes(mirror_copies[rel])
+            if _imports(python, tree, path.stem):
+                kept.append(f"{rel} from the mirror (the release's imports {', '.join(missing)})")
+                continue
+        # neither copy imports here (the distributed mixins: FSDP, tensor parallel): a stub with empty mixin classes
+        # under the names the other test files import from it; their tests need several devices anyway
+        names = set()
+        for other in (tree / "tests").rglob("*.py"):
+            for group in re.findall(rf"from (?:\.+|tests\.){path.stem} import (\([^)]*\)|[\w, ]+)", other.read_text()):
+                names.update(n.strip() for n in group.strip("()").split(",") if n.strip())
+        path.write_text("# stub written by ropekit's dev/hf_suites/run.py: neither copy of this file imports here\n"
+                        + "".join(f"class {n}:\n    pass\n\n\n" for n in sorted(names)))
+        kept.append(f"{rel} stubbed ({', '.join(sorted(names)) or 'empty'}; the release's imports "
+                    f"{', '.join(missing)}, the mirror's does not import with this transformers)")
+    (tree / "kept_from_mirror.txt").write_text("\n".join(kept) + "\n")
     # test_pipeline_mixin imports the library's source from <repo>/src/transformers
     lib = sh([python, "-c", "import transformers, os; print(os.path.dirname(transformers.__file__))"]).stdout.strip()
     (tree / "src").mkdir()
@@ -312,7 +343,8 @@ def main(argv=None) -> int:
         (results / "source.json").write_text(json.dumps({"mirror": str(args.mirror), "ref": args.ref,
                                                          "mirror_commit": mirror_rev, "transformers": version,
                                                          "sdist": sdist.name, "ropekit_commit": commit,
-                                                         "ropekit": args.ropekit}))
+                                                         "ropekit": args.ropekit,
+                                                         "kept_from_mirror": (tree / "kept_from_mirror.txt").read_text().split("\n")[:-1]}))
         for fam in families:
             for mode in MODES:
                 if args.mode not in ("both", mode):
@@ -334,8 +366,10 @@ def _header(results: Path, version: str, commit: str) -> str:
     src = results / "source.json"
     s = json.loads(src.read_text()) if src.exists() else {}
     commit = s.get("ropekit_commit", commit)  # what the runs tested, not what HEAD is now
+    kept = "; ".join(s.get("kept_from_mirror", []))
     return (f"transformers {version}; ropekit {commit}; tests/models from {s.get('mirror', '?')} @ {s.get('ref', '?')} "
-            f"({s.get('mirror_commit', '?')}), top-level tests/test_*.py from {s.get('sdist', '?')}")
+            f"({s.get('mirror_commit', '?')}), top-level tests/test_*.py from {s.get('sdist', '?')}"
+            + (f"; except: {kept}" if kept else ""))
 
 
 if __name__ == "__main__":
