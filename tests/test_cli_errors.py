@@ -219,11 +219,11 @@ def test_a_mistyped_design_name_gets_the_nearest_names(typo, meant, capsys):
 
 
 def test_a_name_near_nothing_gets_the_list_only():
-    from ropekit.designs import get_design
+    from ropekit.designs import designs, get_design
 
     with pytest.raises(ValueError) as err:
         get_design("xyzzy")
-    assert "did you mean" not in str(err.value) and "choose one of: circle" in str(err.value)
+    assert "did you mean" not in str(err.value) and "choose one of: " + ", ".join(designs()) in str(err.value)
 
 
 def test_a_mistyped_design_option_gets_the_nearest_option(capsys):
