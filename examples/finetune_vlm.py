@@ -13,7 +13,7 @@ The recipe (docs/finetune.md):
    ``accelerate``, which is also what scales it to many GPUs through accelerate / torchrun / DeepSpeed /
    FSDP) or a plain PyTorch loop (``--trainer loop``);
 4. ``save_pretrained``: the patch is recorded in ``config.json`` under ``ropekit``;
-5. reload with ``from_pretrained`` + ``ropekit.patch_model(model)`` (no design: the recorded one),
+5. reload with ``AutoModelForImageTextToText.from_pretrained`` (it comes back patched, from the record),
    check the reloaded model gives the trained model's logits, and ``generate`` an answer per image.
 
 :func:`main` returns a dict of what happened (losses, the design per layer, the generated answers) so
@@ -281,9 +281,11 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
     out = Path(args.output_dir)
     model.save_pretrained(out)
-    reloaded = type(model).from_pretrained(out, dtype=dtype).to(next(model.parameters()).device).eval()
+    # transformers' Auto classes load the checkpoint patched, from the design recorded in out/config.json
+    from transformers import AutoModelForImageTextToText
+
+    reloaded = AutoModelForImageTextToText.from_pretrained(out, dtype=dtype).to(next(model.parameters()).device).eval()
     reloaded.generation_config.pad_token_id = PAD
-    ropekit.patch_model(reloaded)  # the design recorded in out/config.json
     probe = collate([dataset[i] for i in range(min(len(dataset), CLASSES))])
     probe = {k: v.to(next(model.parameters()).device) for k, v in probe.items() if k != "labels"}
     with torch.no_grad():
