@@ -301,12 +301,12 @@ def test_save_reload_restores_the_patch(model, tmp_path):
     assert not torch.allclose(patched, stock)
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())[CONFIG_KEY]["options"] == {"circle": {"alpha": 0.5}}
-    plain = CLASSES[model.family].from_pretrained(tmp_path).eval()
+    plain = ropekit.hf.load_stock(str(tmp_path), CLASSES[model.family]).eval()  # the stock model only on purpose
+    loaded = ropekit.hf.from_pretrained(tmp_path, CLASSES[model.family]).eval()  # patched from the record
     with torch.no_grad():
-        assert torch.equal(plain(**inputs).logits, stock)  # stock transformers ignores the record
-        patch_model(plain)
-        assert layer_designs(plain) == ["circle", "mrope", "circle"]
-        assert torch.equal(plain(**inputs).logits, patched)
+        assert torch.equal(plain(**inputs).logits, stock)
+        assert layer_designs(loaded) == ["circle", "mrope", "circle"]
+        assert torch.equal(loaded(**inputs).logits, patched)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ def test_a_non_int_record_format_in_config_json_is_a_clear_error(tmp_path):
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     from ropekit.hf import patch_model
-    from ropekit.hf.persist import CONFIG_KEY
+    import ropekit
+    from ropekit.hf.persist import CONFIG_KEY, FORMAT
 
     text = dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1, vocab_size=80,
                 num_hidden_layers=2,
@@ -109,15 +110,14 @@ def test_a_non_int_record_format_in_config_json_is_a_clear_error(tmp_path):
     model.save_pretrained(tmp_path / "saved")
     path = tmp_path / "saved" / "config.json"
     good = json.loads(path.read_text())
-    assert good[CONFIG_KEY]["format"] == 1
+    assert good[CONFIG_KEY]["format"] == FORMAT
     for bad in ("1", None, 1.0, True, [1]):
         path.write_text(json.dumps({**good, CONFIG_KEY: {**good[CONFIG_KEY], "format": bad}}))
-        loaded = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "saved").eval()
         said = r"config\.ropekit\['format'\] must be an int .*got " + re.escape(repr(bad))
         with pytest.raises(ValueError, match=said):
-            patch_model(loaded)
+            ropekit.hf.from_pretrained(tmp_path / "saved", Qwen2VLForConditionalGeneration)
     path.write_text(json.dumps(good))  # the untouched record restores the patch
-    patch_model(Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "saved").eval())
+    assert ropekit.hf.is_patched(ropekit.hf.from_pretrained(tmp_path / "saved", Qwen2VLForConditionalGeneration))
 
 
 # --- 3. a NaN metric (a diverged run) and a zero-variance claim ---------------------------------------

@@ -10,7 +10,8 @@
 With ropekit imported (before or after transformers), ``AutoConfig`` knows the ``"ropekit"`` type: it restores the
 family's config, and ``AutoModel``, ``AutoModelForImageTextToText``, ``AutoModelForCausalLM`` (and ``pipeline``,
 which loads through them) build the family's model and patch it from the record. The family's own class is
-refused with the way to load it. :func:`load_stock` loads the stock model from such a checkpoint on purpose.
+refused with the way to load it; :func:`from_pretrained` loads with a class of your choice, patched.
+:func:`load_stock` loads the stock model from such a checkpoint on purpose.
 In memory a patched model's config keeps its family's type; only the saved form differs.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ SAVED_TYPE = "ropekit"
 _AUTO_CLASSES = ("AutoModel", "AutoModelForImageTextToText", "AutoModelForCausalLM", "AutoModelForMultimodalLM")
 _CLASSES: dict[str, type] = {}
 
-__all__ = ["SAVED_TYPE", "register", "load_stock", "saved_form", "restored_form"]
+__all__ = ["SAVED_TYPE", "register", "from_pretrained", "load_stock", "saved_form", "restored_form"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,17 +265,41 @@ def register_when_transformers_loads() -> None:
 # the stock model on purpose
 
 
-def load_stock(path: str, auto_class: Optional[str] = "AutoModelForImageTextToText", **kwargs: Any):
-    """The stock (unpatched) model of a checkpoint saved from a patched model, for comparisons: the family's own
-    config without the patch record, loaded with ``transformers.<auto_class>`` (``path`` a local folder)."""
+def _family_config(path: str, hub: dict):
+    """The family's config of a checkpoint saved from a patched model (with its patch record)."""
+    from transformers import AutoConfig
+
+    register()
+    return AutoConfig.from_pretrained(path, **hub)
+
+
+_HUB = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder", "trust_remote_code")
+
+
+def from_pretrained(path: str, model_class: type, **kwargs: Any):
+    """A checkpoint saved from a patched model loaded with the family's own ``model_class`` (say
+    ``Qwen2_5_VLForConditionalGeneration``), patched from its record: what the Auto classes do, for a class of your
+    choice. ``kwargs`` go to ``model_class.from_pretrained``."""
+    from .patch import is_patched, patch_model
+
+    config = _family_config(path, {k: kwargs[k] for k in _HUB if k in kwargs})
+    model = model_class.from_pretrained(path, config=config, **kwargs)
+    return model if is_patched(model) else patch_model(model)
+
+
+def load_stock(path: str, model_class: Any = "AutoModelForImageTextToText", **kwargs: Any):
+    """The stock (unpatched) model of a checkpoint saved from a patched model, on purpose (for comparisons): the
+    family's config without the patch record, loaded with ``model_class`` (a class, or the name of a transformers
+    Auto class). ``kwargs`` go to its ``from_pretrained``."""
     import transformers
 
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        d = restored_form(json.load(f), keep_record=False)
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from . import persist
 
-    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
-    return getattr(transformers, auto_class).from_pretrained(path, config=config, **kwargs)
+    config = _family_config(path, {k: kwargs[k] for k in _HUB if k in kwargs})
+    persist.erase(config)
+    unmark(config)
+    cls = getattr(transformers, model_class) if isinstance(model_class, str) else model_class
+    return cls.from_pretrained(path, config=config, **kwargs)
 
 
 def __getattr__(name: str) -> type:
