@@ -15,70 +15,97 @@ from ..designs.registry import get_design, positions  # noqa: E402
 from ..layout import Layout  # noqa: E402
 from .metrics import attention_bias_map  # noqa: E402
 
-__all__ = ["plot_coordinates", "plot_rings", "plot_bias_maps", "plot_layout", "diagonal_view"]
+__all__ = ["plot_coordinates", "plot_rings", "rings_figure", "pair_arrangement", "plot_bias_maps", "plot_layout",
+           "diagonal_view"]
 
 # keyed by ropekit.layout's token-type codes: text 0, image 1, video 2, grid 3, audio 4
 _KIND_COLOURS = {0: "#e0a100", 1: "#2a9d4b", 2: "#2a6fdb", 3: "#8a4fd0", 4: "#d64550"}
 _KIND_NAMES = {0: "text", 1: "image", 2: "video", 3: "grid", 4: "audio"}
 
 
+# each coordinate axis has its own marker shape, edge colour and size; the fill is the token's modality. Axes
+# are drawn largest first, so where two axes share a value their markers nest (a square inside a circle, ...)
 _AXIS_MARKERS = "os^vD<>p"
+_AXIS_EDGES = ("#000000", "#d81b60", "#1565c0", "#6d4c41", "#00897b", "#757575", "#ff6f00", "#311b92")
+# readable at the report's width (the page shows a figure about 1070 px wide)
+_FONT = {"tick": 13, "label": 13, "title": 14, "legend": 13}
 
 
 def _axis_names(num_axes: int) -> list[str]:
     return {1: ["index"], 2: ["h", "w"], 3: ["t", "h", "w"]}.get(num_axes, [f"axis {a}" for a in range(num_axes)])
 
 
+def _axis_size(a: int) -> float:
+    """Marker area (points²) of axis ``a``: each axis smaller than the one before, so coincident markers nest."""
+    return 110.0 * 0.62**a
+
+
+def _axis_style(a: int) -> dict:
+    return {"marker": _AXIS_MARKERS[a % len(_AXIS_MARKERS)], "edgecolors": _AXIS_EDGES[a % len(_AXIS_EDGES)],
+            "linewidths": 1.3, "s": _axis_size(a)}
+
+
 def _draw_coordinates(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
-    """Every coordinate axis against token index: colour = modality, marker shape = axis."""
+    """Every coordinate axis against token index: fill colour = modality; marker shape, edge colour and size =
+    axis (largest first, so axes with equal values show as nested markers instead of hiding one another)."""
+    from matplotlib.ticker import MaxNLocator
+
     idx = torch.arange(coords.shape[0])
     for a in range(coords.shape[1]):
         for kind in kinds.unique().tolist():
             m = kinds == kind
-            ax.scatter(idx[m], coords[m, a], s=9, marker=_AXIS_MARKERS[a % len(_AXIS_MARKERS)],
-                       color=_KIND_COLOURS[kind], alpha=0.75)
-    ax.set_xlabel("token index")
-    ax.set_ylabel("coordinate")
+            ax.scatter(idx[m], coords[m, a], color=_KIND_COLOURS[kind], zorder=3 + a, **_axis_style(a))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=bool((coords == coords.round()).all())))
+    ax.tick_params(labelsize=_FONT["tick"])
+    ax.set_xlabel("token index", fontsize=_FONT["label"])
+    ax.set_ylabel("coordinate", fontsize=_FONT["label"])
     ax.grid(alpha=0.3)
 
 
 def _legend_handles(kinds: torch.Tensor, max_axes: int) -> list:
-    """Colour patches for the modalities, then grey marker shapes for the axes ``0 … max_axes-1``."""
+    """Colour patches for the modalities, then each axis's marker (shape, edge colour, size) on a grey fill."""
     colour = [Patch(color=_KIND_COLOURS[k], label=_KIND_NAMES[k]) for k in kinds.unique().tolist()]
     names = _axis_names(max_axes) if max_axes <= 3 else [f"axis {a}" for a in range(max_axes)]
-    shape = [plt.Line2D([], [], marker=_AXIS_MARKERS[a % len(_AXIS_MARKERS)], ls="", color="#555",
-                        label=f"axis {a}" + (f" ({names[a]})" if names[a] != f"axis {a}" else ""))
-             for a in range(max_axes)]
+    shape = []
+    for a in range(max_axes):
+        st = _axis_style(a)
+        shape.append(plt.Line2D([], [], ls="", marker=st["marker"], markersize=st["s"] ** 0.5,
+                                markerfacecolor="#d9d9d9", markeredgecolor=st["edgecolors"],
+                                markeredgewidth=st["linewidths"],
+                                label=f"axis {a}" + (f" ({names[a]})" if names[a] != f"axis {a}" else "")))
     return colour + shape
 
 
 def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str | Path", **options) -> Path:
     """One panel per design: every coordinate axis against token index, coloured by modality.
 
-    Marker shapes tell the axes apart (axis 0 = circle, axis 1 = square, ...); the legend lists both.
-    ``options`` are passed to every design.
+    Each axis has its own marker shape, edge colour and size (axis 0 = large black-edged circle, axis 1 =
+    smaller magenta-edged square, ...; equal values nest); the legend lists both. ``options`` are passed to
+    every design.
     """
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
     n = len(designs)
-    cols = min(4, n)
+    cols = min(3, n)
     rows = (n + cols - 1) // cols
-    height = 3.0 * rows + 0.8  # the panels, and a header of 0.8 in (title and legend) whatever the rows
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, height), squeeze=False)
+    header = 1.25  # inches for the title and the legend, whatever the rows
+    height = 3.7 * rows + header
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, height), squeeze=False)
     max_axes = 1
     for ax, name in zip(axes.flat, designs):
         c = positions(lay, name, **options)
         max_axes = max(max_axes, c.shape[1])
         _draw_coordinates(ax, c, kinds)
-        ax.set_title(f"{name}  ({c.shape[1]} ax{'es' if c.shape[1] > 1 else 'is'})", fontsize=10)
+        ax.set_title(f"{name}  ({c.shape[1]} ax{'es' if c.shape[1] > 1 else 'is'})", fontsize=_FONT["title"])
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     handles = _legend_handles(kinds, max_axes)
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9,
-               bbox_to_anchor=(0.5, 1 - 0.3 / height), title="colour = modality, marker shape = coordinate axis",
-               title_fontsize=9)
-    fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=11, y=1 - 0.05 / height)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / height))
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=_FONT["legend"],
+               bbox_to_anchor=(0.5, 1 - 0.38 / height), title="fill colour = modality; marker shape, edge colour and size = coordinate axis",
+               title_fontsize=_FONT["legend"], handletextpad=0.3, columnspacing=1.2)
+    fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=15, y=1 - 0.05 / height)
+    fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     return _save(fig, path)
 
 
@@ -117,12 +144,9 @@ def _draw_3d(ax, coords: torch.Tensor, kinds: torch.Tensor) -> None:
     ax.set_zlabel("t")
 
 
-def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path") -> Path:
-    """3-axis designs (t, h, w): a 3-D scatter and, beside it, the view down the text diagonal.
-
-    In the diagonal view (:func:`diagonal_view`) text collapses to the origin and Circle-RoPE's ring,
-    which lies in a plane orthogonal to the diagonal, is drawn as the circle it is.
-    """
+def rings_figure(layout: "Layout | str", designs: Sequence[str]):
+    """The figure :func:`plot_rings` saves, unsaved: for each 3-axis design a 3-D scatter and, below it, the view
+    down the text diagonal. Both panels of one design carry its name as ``gid`` (see :func:`pair_arrangement`)."""
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
     three = [d for d in designs if positions(lay, d).shape[1] == 3]
@@ -138,14 +162,47 @@ def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path
         ax = fig.add_subplot(2 * blocks, cols, top, projection="3d")
         _draw_3d(ax, c, kinds)
         ax.set_title(f"{name}: (t, h, w)", fontsize=10)
+        ax.set_gid(name)
         ax2 = fig.add_subplot(2 * blocks, cols, top + cols)
         _draw_diagonal_view(ax2, c, kinds)
         ax2.set_title(f"{name}: seen down the text diagonal (1, 1, 1)", fontsize=10)
+        ax2.set_gid(name)
     fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
     fig.suptitle(f"3-axis designs in position space, layout '{lay}' (dashed: the text diagonal t = h = w)",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.07 / blocks))
-    return _save(fig, path)
+    return fig
+
+
+def pair_arrangement(fig) -> str:
+    """Where each design's diagonal view sits relative to its 3-D panel in a :func:`rings_figure`, read from the
+    panels' grid cells: ``"below"``, ``"right"`` (or ``"above"``/``"left"``); ``"mixed"`` when designs differ."""
+    cells: dict[str, dict[str, tuple[int, int]]] = {}
+    for ax in fig.axes:
+        spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if ax.get_gid() is None or spec is None:
+            continue
+        kind = "3d" if ax.name == "3d" else "2d"
+        cells.setdefault(ax.get_gid(), {})[kind] = (spec.rowspan.start, spec.colspan.start)
+    where = set()
+    for c in cells.values():
+        (r3, c3), (r2, c2) = c["3d"], c["2d"]
+        if c3 == c2:
+            where.add("below" if r2 > r3 else "above")
+        elif r3 == r2:
+            where.add("right" if c2 > c3 else "left")
+        else:
+            where.add("mixed")
+    return where.pop() if len(where) == 1 else "mixed"
+
+
+def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path") -> Path:
+    """3-axis designs (t, h, w): a 3-D scatter and, below it, the view down the text diagonal.
+
+    In the diagonal view (:func:`diagonal_view`) text collapses to the origin and Circle-RoPE's ring,
+    which lies in a plane orthogonal to the diagonal, is drawn as the circle it is.
+    """
+    return _save(rings_figure(layout, designs), path)
 
 
 def plot_layout(layout: "Layout | str", design: str, path: "str | Path", **options) -> Path:

@@ -105,7 +105,12 @@ def check_slices_in_grid(slice_coords: Sequence[float], grid_size: int, *, optio
 def plot_projections(
     n_dims: int, num_vectors: int, sampling_method: str, save_path: "str | Path", *, seed: int = 0
 ) -> Path:
-    """Directions of ``sampling_method`` on S¹ (n_dims 2) or S² (n_dims 3) beside normalised Gaussians."""
+    """Directions of ``sampling_method`` on S¹ (n_dims 2) or S² (n_dims 3) beside normalised Gaussians.
+
+    The reference is ``nd_directions(num_vectors, n_dims, "random", seed=seed)``, the same directions as the
+    ``random`` method with this seed (so a table of methods at that seed shows the reference's numbers); when
+    ``sampling_method`` is ``random`` itself, the reference takes ``seed + 1`` so that the panels differ.
+    """
     if n_dims not in (2, 3):
         raise ValueError(f"`n_dims` must be 2 or 3 (a circle or a sphere can be drawn), got {n_dims!r}")
     check_int(num_vectors, "num_vectors")
@@ -114,10 +119,10 @@ def plot_projections(
                          f"ropekit.analysis.nd_figures.MAX_VECTORS)")
     _check_method(sampling_method)
     ours = nd_directions(num_vectors, n_dims, sampling_method, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    ref = torch.randn(num_vectors, n_dims, generator=g, dtype=torch.float64)
-    ref = ref / ref.norm(dim=-1, keepdim=True)
-    panels = [(ours, f"{sampling_method}", "#1f77b4"), (ref, "reference: normalised Gaussian", "#e8743b")]
+    ref_seed = seed + 1 if sampling_method == "random" else seed
+    ref = nd_directions(num_vectors, n_dims, "random", seed=ref_seed)
+    panels = [(ours, f"{sampling_method}", "#1f77b4"),
+              (ref, f"reference: random (normalised Gaussian, seed {ref_seed})", "#e8743b")]
     title = f"{num_vectors} projection directions on $S^{{{n_dims - 1}}}$"
     if n_dims == 2:
         fig, axes = plt.subplots(1, 2, figsize=(10, 5))

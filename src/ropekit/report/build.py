@@ -28,6 +28,7 @@ h1{margin-bottom:0}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-to
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .7em;text-align:left}td.num{text-align:right}
 th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}
 .note{color:#555;font-size:.92em}
+.nowrap{white-space:nowrap}
 """
 
 

@@ -20,7 +20,7 @@ from ._html import table  # noqa: E402
 
 __all__ = ["experiments_section", "find_results", "plot_heatmaps", "plot_curve", "plot_polar", "plot_bars",
            "plot_lambda_sweep", "lambda_series", "plot_forest", "claims_table", "scope", "PANEL_ABOVE",
-           "VERDICT_COLOURS"]
+           "VERDICT_COLOURS", "scope_label", "scope_note", "forest_label"]
 
 
 def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
@@ -36,8 +36,7 @@ def plot_heatmaps(agg: dict, key: str, path: Path) -> str:
         spread = agg["metrics"][d]["cell_spread"]["mean"]
         ax.set_title(f"{d}\nspread {spread:.3f}", fontsize=9)
         ax.set_xlabel("column")
-        if i % cols == 0:
-            ax.set_ylabel("row")
+        ax.set_ylabel("row")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.subplots_adjust(hspace=0.55, wspace=0.3)
@@ -102,12 +101,13 @@ def plot_curve(agg: dict, key: str, xlabel: str, path: Path) -> str:
             ax.set_title(d, fontsize=9)
         axes[0].legend(fontsize=7)
         fig.suptitle(f"{xlabel}; each panel one design, dashed: {ref}", fontsize=9)
-    for ax in axes:
+    import textwrap
+
+    for ax in axes:  # every panel labels both its axes: a reader looking at one panel needs no other
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        if ref is None or ax in axes[-4:]:
-            ax.set_xlabel(xlabel if ref is None else "")
-        ax.set_ylabel("accuracy" if ax is axes[0] or ref is None else "")
+        ax.set_xlabel(xlabel if ref is None else textwrap.fill(xlabel, 42), fontsize=None if ref is None else 8)
+        ax.set_ylabel("accuracy", fontsize=None if ref is None else 8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -175,6 +175,8 @@ def plot_bars(agg: dict, keys: list, path: Path) -> str:
     ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(designs))], designs, rotation=30, ha="right",
                   fontsize=8)
     ax.set_ylim(0, 1.05)
+    ax.set_xlabel("design")
+    ax.set_ylabel(", ".join(keys) + " (mean over seeds)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -233,19 +235,27 @@ def plot_lambda_sweep(agg: dict, metrics: list, path: Path, reference: str = "ax
 
 
 def _costs(agg: dict) -> str:
-    """Training seconds per step per design and the ratio to the reference design (empty without costs)."""
+    """Training seconds per step per design and, when the run had a reference design, the ratio to it (empty
+    without costs). Without a reference there is nothing to divide by: the ratio columns are left out."""
     cost = agg.get("cost") or {}
     if not cost.get("designs"):
         return ""
-    ref = cost["reference"]
+    ref = cost.get("reference")
     ratio = lambda x: "–" if x is None else f"{x:.2f}×"  # noqa: E731
-    rows = [[_esc(d), f"{c['step_s'] * 1e3:.1f}", f"{c['step_cpu_s'] * 1e3:.1f}", ratio(c["cpu_ratio"]),
-             ratio(c["wall_ratio"])] for d, c in cost["designs"].items()]
+    rows = [[_esc(d), f"{c['step_s'] * 1e3:.1f}", f"{c['step_cpu_s'] * 1e3:.1f}"]
+            + ([ratio(c.get("cpu_ratio")), ratio(c.get("wall_ratio"))] if ref else [])
+            for d, c in cost["designs"].items()]
+    header = ["design", "ms / step (wall)", "ms / step (CPU)"]
+    if ref:
+        header += [f"CPU × {_esc(ref)}", f"wall × {_esc(ref)}"]
+    missing = [d for d, c in cost["designs"].items() if ref and (c.get("cpu_ratio") is None
+                                                                  or c.get("wall_ratio") is None)]
     note = (f"<p class='note'>Cost of one training step (forward, backward, optimiser; mean over seeds, each run's "
             f"first step left out as it carries one-off compilation), measured in this run"
-            + (f", relative to {html.escape(ref)} RoPE in the same run" if ref else "") + ".</p>")
-    return note + table(["design", "ms / step (wall)", "ms / step (CPU)", f"CPU × {_esc(ref or '–')}",
-                         f"wall × {_esc(ref or '–')}"], rows)
+            + (f", and as a multiple of {_esc(ref)} RoPE's in the same run (CPU ×, wall ×)" if ref else
+               "; no reference design was run, so no ratios are shown")
+            + (f" (– : no ratio recorded for {_esc(', '.join(missing))})" if missing else "") + ".</p>")
+    return note + table(header, rows)
 
 
 VERDICT_COLOURS = {"reproduced": "#1a9850", "contradicted": "#d73027", "no effect": "#4575b4",
@@ -282,8 +292,44 @@ def scope(agg: dict) -> str:
     return f"{preset}: sized to decide"
 
 
-def _short(text: str, n: int = 46) -> str:
-    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+def scope_label(agg: dict) -> str:
+    """The short name of :func:`scope`'s reading: the preset, and ``, unadjusted`` for old aggregates."""
+    return agg["preset"] if adjusted(agg) else f"{agg['preset']}, unadjusted"
+
+
+_SCOPE_MEANS = {"unadjusted": "stored before family-wise adjustment existed; read their verdicts as unadjusted"}
+
+
+def scope_note(entries: list[tuple[str, dict]]) -> str:
+    """One sentence saying once how each kind of run in ``entries`` is to be read (its :func:`scope`), naming the
+    runs of each kind; the table then only names the kind."""
+    kinds: dict[str, list[str]] = {}
+    presets: dict[str, str] = {}
+    for run, agg in entries:
+        if not agg.get("claims"):
+            continue
+        kinds.setdefault(scope(agg), []).append(run)
+        presets[scope(agg)] = agg["preset"]
+    parts = []
+    for s, runs in kinds.items():
+        label, _, meaning = s.partition(": ")
+        if not meaning:  # "<preset>, unadjusted"
+            look = scope({"preset": presets[s], "claims": [{"verdict_unadjusted": ""}]}).partition(": ")[2]
+            meaning = (f"{look}; " if look.startswith("a look") else "") + _SCOPE_MEANS["unadjusted"]
+        parts.append(f"<b>{_esc(label)}</b>: {_esc(meaning)} ({_esc(', '.join(runs))})")
+    return "<p class='note'>Scope of each run (the <i>seeds</i> column names it): " + "; ".join(parts) + ".</p>"
+
+
+FOREST_LABEL_CHARS = 50  # a claim label's line length in the forest plot; longer claims wrap, never cut
+_FOREST_FONT = 8.5  # points, labels and verdicts
+_LINE_IN = 1.25 * _FOREST_FONT / 72  # one text line, inches
+
+
+def forest_label(text: str, width: int = FOREST_LABEL_CHARS) -> str:
+    """``text`` whole, wrapped onto lines of at most ``width`` characters (a word longer than that is split)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
 
 
 def plot_forest(agg: dict, path: Path, title: str) -> str:
@@ -293,8 +339,13 @@ def plot_forest(agg: dict, path: Path, title: str) -> str:
     adj = adjusted(agg)
     rep = adj and any(c.get("replication") for c in claims)
     rows = len(claims) * (2 if rep else 1)
-    height = 1.5 + 0.36 * rows
-    fig, ax = plt.subplots(figsize=(10.4, height))
+    lines = max([forest_label(f"{c['id']}: {c['claim']}").count("\n") + 1 for c in claims] or [1])
+    row_in = max(0.36, _LINE_IN * lines + 0.1)  # every row tall enough for the longest wrapped label
+    height = 1.5 + row_in * rows
+    # fixed margins (inches): the claim labels on the left (FOREST_LABEL_CHARS wide), the verdicts on the right
+    label_in = 0.55 * _FOREST_FONT / 72 * FOREST_LABEL_CHARS + 0.6  # + the y-axis label and tick padding
+    width = label_in + 4.6 + 2.6
+    fig, ax = plt.subplots(figsize=(width, height))
     labels, ticks = [], []
     y = rows - 1
     spans = []
@@ -316,17 +367,18 @@ def plot_forest(agg: dict, path: Path, title: str) -> str:
                 if which == "discovery" and rep:
                     tag += f"; {c['confirmation']}" if c.get("confirmation") else ""
                 spans.append((y, tag, colour))
-            labels.append(f"{c['id']}: {_short(c['claim'])}" if which == "discovery" else f"{c['id']} replication")
+            labels.append(forest_label(f"{c['id']}: {c['claim']}") if which == "discovery"
+                          else f"{c['id']} replication")
             ticks.append(y)
             y -= 1
         delta = c.get("delta")
         if delta:
             ax.fill_between([-delta, delta], y + 0.58, top + 0.42, color="0.85", zorder=0, lw=0)
     ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(ticks, labels, fontsize=7.5)
+    ax.set_yticks(ticks, labels, fontsize=_FOREST_FONT)
     ax.set_ylim(-0.7, rows - 0.3)
     for yy, tag, colour in spans:
-        ax.annotate(tag, (1.01, yy), xycoords=("axes fraction", "data"), va="center", fontsize=7.5, color=colour,
+        ax.annotate(tag, (1.01, yy), xycoords=("axes fraction", "data"), va="center", fontsize=_FOREST_FONT, color=colour,
                     annotation_clip=False)
     ax.set_xlabel("advantage of design over baseline, in the metric's units (> 0 favours the claim)")
     ax.set_ylabel("claim")
@@ -337,8 +389,8 @@ def plot_forest(agg: dict, path: Path, title: str) -> str:
         sub += f"; squares: replication ({agg['replication']['seeds']} other seeds)"
     ax.set_title(f"{title} ({scope(agg)})\n{sub}", fontsize=8.5)
     ax.grid(alpha=0.3, axis="x")
-    # fixed margins (inches): claim labels on the left, verdicts on the right, title above, x label below
-    fig.subplots_adjust(left=0.32, right=0.76, bottom=0.62 / height, top=1 - 0.62 / height)
+    # the label and verdict margins chosen above; title above, x label below
+    fig.subplots_adjust(left=label_in / width, right=1 - 2.6 / width, bottom=0.62 / height, top=1 - 0.62 / height)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     counts = {}
@@ -380,9 +432,10 @@ def claims_table(entries: list[tuple[str, dict]]) -> str:
                          f"<code>{_esc(c['metric'])}</code> ({_esc(c['better'])} is better)"
                          + (f", δ = {c['delta']:g}" if c.get("delta") else ""),
                          f"{a['mean']:+.3f}", f"[{a['lo']:+.3f}, {a['hi']:+.3f}]", adj_cell, verdict,
-                         f"{_esc(seed_text)}; {_esc(scope(agg))}", rep_cell])
-    return table(["experiment", "claim", "paper, section", "metric", "effect", "95 % interval",
-                  "adjusted interval", "verdict (adjusted)", "seeds", "replication"], rows)
+                         f"{_esc(seed_text)}; {_esc(scope_label(agg))}", rep_cell])
+    return scope_note(entries) + table(["experiment", "claim", "paper, section", "metric", "effect",
+                                        "95 % interval", "adjusted interval", "verdict (adjusted)", "seeds",
+                                        "replication"], rows)
 
 
 def _verdicts(agg: dict) -> str:

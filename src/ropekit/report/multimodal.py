@@ -11,7 +11,8 @@ import html
 from pathlib import Path
 from typing import Sequence
 
-from ..analysis.figures import plot_bias_maps, plot_coordinates, plot_rings
+from ..analysis.figures import _save as save_figure
+from ..analysis.figures import pair_arrangement, plot_bias_maps, plot_coordinates, rings_figure
 from ..analysis.metrics import block_ptd, boundary_continuity, frame_bias, layout_ptd
 from ..designs.registry import designs as registered, get_design, positions
 from ._html import table as _table
@@ -45,12 +46,10 @@ def designs_section(out: Path, *, layout: "str | None" = None, designs: "Sequenc
         parts.append(f"<p>Layout {_code(lay)}:{note}</p><img src='{png}'>")
     three = [n for n in names if positions(layouts[0], n).shape[1] == 3]
     if three:
-        plot_rings(layouts[0], three, out / "designs_3d.png")
-        parts.insert(1, "<p class='note'>Left of each pair: the 3-axis positions in (t, h, w) space. Right: the "
-                        "same points seen down the text diagonal (1, 1, 1), i.e. projected onto the plane "
-                        "orthogonal to it; text tokens on the diagonal t = h = w land on the centre, and a design that puts an "
-                        "image on a ring orthogonal to the diagonal (Circle-RoPE) shows a circle.</p>"
-                        "<img src='designs_3d.png'>")
+        fig = rings_figure(layouts[0], three)
+        caption = rings_caption(pair_arrangement(fig))
+        save_figure(fig, out / "designs_3d.png")
+        parts.insert(1, f"<p class='note'>{html.escape(caption)}</p><img src='designs_3d.png'>")
     rows = [[_code(n), html.escape(get_design(n).summary), get_design(n).allocation,
              ", ".join(get_design(n).options) or "–"] for n in names]
     return {
@@ -58,6 +57,24 @@ def designs_section(out: Path, *, layout: "str | None" = None, designs: "Sequenc
         "html": _table(["design", "what it does", "allocation", "options"], rows) + "".join(parts),
         "metrics": {"designs": names, "layouts": layouts},
     }
+
+
+_PAIR_WORDS = {  # where the diagonal view sits -> (the 3-D panel, the diagonal view), as a reader finds them
+    "below": ("Upper panel of each design", "The panel below it"),
+    "above": ("Lower panel of each design", "The panel above it"),
+    "right": ("Left of each pair", "Right"),
+    "left": ("Right of each pair", "Left"),
+}
+
+
+def rings_caption(arrangement: str) -> str:
+    """The caption of the 3-axis figure, naming its panels by where :func:`pair_arrangement` found them."""
+    first, second = _PAIR_WORDS.get(arrangement, ("For each design, the panel titled '(t, h, w)'",
+                                                  "The panel titled 'seen down the text diagonal'"))
+    return (f"{first}: the 3-axis positions in (t, h, w) space. {second}: the same points seen down the text "
+            "diagonal (1, 1, 1), i.e. projected onto the plane orthogonal to it; text tokens on the diagonal "
+            "t = h = w land on the centre, and a design that puts an image on a ring orthogonal to the diagonal "
+            "(Circle-RoPE) shows a circle.")
 
 
 def ptd_sentences(whole: dict[str, dict[str, float]], blocks: dict[str, dict[str, dict[str, float]]],
@@ -95,7 +112,7 @@ def ptd_sentences(whole: dict[str, dict[str, float]], blocks: dict[str, dict[str
 def _ptd_cell(value: float, per_block: dict[str, float]) -> list[str]:
     vals = list(per_block.values())
     if len(vals) == 1:
-        return [f"{value:.3f}", "(one block)"]
+        return [f"{value:.3f}", "<span class='nowrap'>(one block)</span>"]
     shown = " / ".join(f"{v:.3f}" for v in vals[:4]) + (f" / … ({len(vals)} blocks)" if len(vals) > 4 else "")
     return [f"{value:.3f}", shown]
 

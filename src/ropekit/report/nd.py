@@ -21,6 +21,8 @@ HEADS = 6
 GRID = 33
 NUM_DIRECTIONS = 64
 RADII = (1.0, 4.0, 16.0)
+SHOWN = "sobol"  # the direction method drawn in both figures: the one the directional kernels below use
+SEED = 0
 
 
 def _ring_stats(W: torch.Tensor, radius: float, points: int = 720) -> dict[str, float]:
@@ -50,6 +52,21 @@ def ring_sentences(kernel: dict[str, dict[str, dict[str, float]]], radius: float
     return out
 
 
+def direction_sentences(gaps: dict[str, float], balance: dict[str, float], shown: str = SHOWN,
+                        reference: str = "random") -> list[str]:
+    """What the two direction figures and the table say, from the table's own numbers: the figures show
+    ``shown`` beside ``reference`` (the normalised-Gaussian row), and which method does best on each measure."""
+    best_gap = min(gaps, key=gaps.get)
+    best_bal = min(balance, key=balance.get)
+    out = [f"Both figures show {shown} (the method of the directional kernels below) beside the table's "
+           f"{reference} row, normalised Gaussian directions: largest 2-D gap {gaps[shown]:.2f} against "
+           f"{gaps[reference]:.2f}, |mean| of the 3-D directions {balance[shown]:.3f} against "
+           f"{balance[reference]:.3f}."]
+    out.append(f"Smallest largest gap in the table: {best_gap} ({gaps[best_gap]:.2f}); most balanced in 3-D: "
+               f"{best_bal} ({balance[best_bal]:.3f}).")
+    return out
+
+
 def _families() -> dict[str, torch.Tensor]:
     return {
         "axial (base 100)": frequency_matrix("axial", ROTARY_DIM, 2, base=100.0),
@@ -62,14 +79,14 @@ def _families() -> dict[str, torch.Tensor]:
 def section(out_dir: Path, **_) -> dict:
     """Direction figures and gap table, kernel maps and ring statistics; writes three PNGs."""
     out = Path(out_dir)
-    plot_projections(2, NUM_DIRECTIONS, "sobol", out / "nd_directions_2d.png", seed=0)
-    plot_projections(3, 256, "weyl", out / "nd_directions_3d.png", seed=0)
+    plot_projections(2, NUM_DIRECTIONS, SHOWN, out / "nd_directions_2d.png", seed=SEED)
+    plot_projections(3, 256, SHOWN, out / "nd_directions_3d.png", seed=SEED)
 
     gaps, balance = {}, {}
     for m in METHODS:
-        gaps[m] = max_angular_gap(nd_directions(NUM_DIRECTIONS, 2, m, seed=0))
+        gaps[m] = max_angular_gap(nd_directions(NUM_DIRECTIONS, 2, m, seed=SEED))
         if m != "golden":
-            balance[m] = float(nd_directions(256, 3, m, seed=0).mean(0).norm())
+            balance[m] = float(nd_directions(256, 3, m, seed=SEED).mean(0).norm())
     dir_rows = [[f"<code>{m}</code>", f"{gaps[m]:.2f}", f"{balance[m]:.3f}" if m in balance else "–"]
                 for m in METHODS]
 
@@ -85,7 +102,9 @@ def section(out_dir: Path, **_) -> dict:
         "<p class='note'>Directions from the N-D paper's generator (low-discrepancy samples → inverse normal "
         "CDF → continued-fraction convergents of √p → sphere). <i>Largest gap</i>: the widest empty arc among "
         f"{NUM_DIRECTIONS} 2-D directions, in units of the even spacing 2π/N (1 is perfect; i.i.d. directions "
-        f"give about ln N + 0.58 ≈ {math.log(NUM_DIRECTIONS) + 0.58:.1f}). <i>|mean|</i>: length of the mean of 256 3-D directions (0 = balanced).</p>"
+        f"give about ln N + 0.58 ≈ {math.log(NUM_DIRECTIONS) + 0.58:.1f}). <i>|mean|</i>: length of the mean of 256 3-D directions (0 = balanced). "
+        f"Every method at seed {SEED}. " + " ".join(html.escape(t) for t in direction_sentences(gaps, balance))
+        + "</p>"
     )
     note_ker = (
         "<p class='note'>Expected kernel E[q·R(Δ)q]/E[q·q] for isotropic q, from the centre token; rows = "
