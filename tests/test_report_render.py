@@ -132,7 +132,8 @@ def test_coordinate_grids_are_readable_at_page_width_and_tell_axes_apart(monkeyp
     labels = {t.get_text() for leg in fig.legends for t in leg.get_texts()}
     assert {"text", "image", "axis 0", "axis 3"} <= labels
     handles = [h for leg in fig.legends for h in leg.legend_handles if h.get_label().startswith("axis")]
-    assert len({h.get_markeredgecolor() for h in handles}) == len({h.get_marker() for h in handles}) == len(handles) == 4
+    edges, shapes = {h.get_markeredgecolor() for h in handles}, {h.get_marker() for h in handles}
+    assert len(edges) == len(shapes) == len(handles) == 4
     assert 9 <= min(t.get_fontsize() for leg in fig.legends for t in leg.get_texts()) * SAVE_DPI / 72 * scale
 
 
@@ -196,7 +197,8 @@ def test_the_claims_summary_says_each_scope_once(tmp_path):
         agg = json.loads(f.read_text())
         entries.append((f.stem.removeprefix("experiments-"), agg))
     # an adjusted quick aggregate next to the stored ones, as a fresh quick run writes it
-    exp = SimpleNamespace(claims=(Claim("A", "a beats base", "Paper §1", "acc", "a", "base", delta=0.02, delta_reason="accuracy"),))
+    claim = Claim("A", "a beats base", "Paper §1", "acc", "a", "base", delta=0.02, delta_reason="accuracy")
+    exp = SimpleNamespace(claims=(claim,))
     runs = [{"design": d, "seed": s, "metrics": {"acc": v + 0.01 * s}} for d, v in (("a", 0.6), ("base", 0.5))
             for s in range(3)]
     for name in ("fake-one", "fake-two"):
@@ -224,7 +226,8 @@ def test_cost_table_shows_ratios_only_against_a_reference(tmp_path):
     assert "×" not in without and "–" not in re.sub("<p.*?</p>", "", without)
     assert "no reference design" in without
     header = re.findall(r"<th>(.*?)</th>", without)
-    assert len(header) == 3 and all(len(re.findall(r"<td", tr)) == 3 for tr in re.findall(r"<tr>(.*?)</tr>", without)[1:])
+    body_rows = re.findall(r"<tr>(.*?)</tr>", without)[1:]
+    assert len(header) == 3 and all(len(re.findall(r"<td", tr)) == 3 for tr in body_rows)
     ref = {"axial": {"step_s": 0.2, "step_cpu_s": 0.4, "cpu_ratio": 1.0, "wall_ratio": 1.0},
            "b": {"step_s": 0.3, "step_cpu_s": 0.6, "cpu_ratio": 1.5, "wall_ratio": 1.5}}
     with_ref = rexp._costs({"cost": {"reference": "axial", "designs": ref}})

@@ -102,7 +102,8 @@ def plot_coordinates(layout: "Layout | str", designs: Sequence[str], path: "str 
         ax.axis("off")
     handles = _legend_handles(kinds, max_axes)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=_FONT["legend"],
-               bbox_to_anchor=(0.5, 1 - 0.38 / height), title="fill colour = modality; marker shape, edge colour and size = coordinate axis",
+               bbox_to_anchor=(0.5, 1 - 0.38 / height),
+               title="fill colour = modality; marker shape, edge colour and size = coordinate axis",
                title_fontsize=_FONT["legend"], handletextpad=0.3, columnspacing=1.2)
     fig.suptitle(f"Coordinates of every token for layout '{lay}'", fontsize=15, y=1 - 0.05 / height)
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))

@@ -378,7 +378,8 @@ def plot_forest(agg: dict, path: Path, title: str) -> str:
     ax.set_yticks(ticks, labels, fontsize=_FOREST_FONT)
     ax.set_ylim(-0.7, rows - 0.3)
     for yy, tag, colour in spans:
-        ax.annotate(tag, (1.01, yy), xycoords=("axes fraction", "data"), va="center", fontsize=_FOREST_FONT, color=colour,
+        ax.annotate(tag, (1.01, yy), xycoords=("axes fraction", "data"), va="center", fontsize=_FOREST_FONT,
+                    color=colour,
                     annotation_clip=False)
     ax.set_xlabel("advantage of design over baseline, in the metric's units (> 0 favours the claim)")
     ax.set_ylabel("claim")
