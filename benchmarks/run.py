@@ -19,11 +19,12 @@ from . import geope as geope_bench
 from . import hf_e2e as hf_bench
 from . import index as index_bench
 from . import learned as learned_bench
+from . import packing as packing_bench
 from . import pointcloud as pointcloud_bench
 from . import variants as variants_bench
 from .common import ALLOCATOR_MODES, copy_bandwidth, machine, pin_allocator
 
-SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf", "pointcloud")
+SUITES = ("apply", "index", "geope", "variants", "learned", "experiments", "curves", "hf", "pointcloud", "packing")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "curves": lambda: curves_bench.run(quick=args.quick, repeat=repeat, log=log),
         "hf": lambda: hf_bench.run(quick=args.quick, repeat=repeat, log=log),
         "pointcloud": lambda: pointcloud_bench.run(quick=args.quick, repeat=repeat, log=log),
+        "packing": lambda: packing_bench.run(quick=args.quick, repeat=repeat, log=log),
     }
     for name, run in plain.items():
         if name not in suites:
