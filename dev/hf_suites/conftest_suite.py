@@ -145,6 +145,31 @@ def _testing_utils_constants() -> None:
 _testing_utils_constants()
 
 
+def _stub_missing_modules() -> None:
+    """An empty module for what a suite imports at its top only for its slow integration tests (librosa, in the
+    Omni suites; run.py names them in ROPEKIT_HF_SUITES_STUBS for those suites alone), where the .venv lacks it:
+    those tests are skipped here, and the name, used, fails them."""
+    import importlib.util
+    import types
+
+    wanted = [n for n in os.environ.get("ROPEKIT_HF_SUITES_STUBS", "").split(",") if n]
+    stubbed = [name for name in wanted if importlib.util.find_spec(name) is None]
+    for name in stubbed:
+        module = types.ModuleType(name)
+
+        def missing(attr, _name=name):  # AttributeError, as for any module: tools that scan sys.modules expect it
+            raise AttributeError(f"{_name} is a stub in transformers' suites under ropekit's dev/hf_suites ({attr})")
+
+        module.__getattr__ = missing
+        sys.modules[name] = module
+    if stubbed and RESULTS:
+        with open(RESULTS + ".shims", "a", encoding="utf-8") as f:
+            f.write(" ".join(f"{n}(stub)" for n in stubbed) + "\n")
+
+
+_stub_missing_modules()
+
+
 def pytest_configure(config):
     for marker in ("slow", "is_pipeline_test", "is_staging_test", "accelerate_tests", "not_device_test",
                    "torch_compile_test", "torch_export_test", "onnx_export_test", "flash_attn_test",

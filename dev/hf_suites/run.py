@@ -49,6 +49,8 @@ SHARED_TEST_PATHS = ["tests/exporters", "tests/generation", "tests/utils", "test
                      "tests/models/__init__.py", "utils/test_module", "utils/fetch_hub_objects_for_ci.py"]
 # model types whose suite lives under another folder name
 SUITE_DIR = {"qwen2_5_omni_thinker": "qwen2_5_omni", "qwen3_omni_moe_thinker": "qwen3_omni_moe"}
+# modules a suite imports at its top for its slow tests alone, stubbed (conftest_suite.py) where the .venv lacks them
+STUBS = {"qwen2_5_omni_thinker": ["librosa"], "qwen3_omni_moe_thinker": ["librosa"]}
 MODES = ("stock", "patched")
 
 
@@ -175,7 +177,7 @@ def run_suite(tree: Path, python: str, family: str, mode: str, results: Path, ar
     out.unlink(missing_ok=True)
     Path(f"{out}.shims").unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=getattr(args, "pythonpath", ""), ROPEKIT_HF_SUITES_RESULTS=str(out),
-               ROPEKIT_HF_SUITES_PATCH="1" if mode == "patched" else "0",
+               ROPEKIT_HF_SUITES_PATCH="1" if mode == "patched" else "0", ROPEKIT_HF_SUITES_STUBS=",".join(STUBS.get(family, [])),
                OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), PYTHONDONTWRITEBYTECODE="1")
     cmd = [python, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
            f"--timeout={args.test_timeout}", "-rN"]
@@ -232,8 +234,9 @@ def short(nodeid: str) -> str:
 def report(results: Path, families: list[str], header: str) -> str:
     shims = sorted({n for f in families for m in MODES for n in _shims(results, f, m)})
     if shims:
-        header += (f"\n\nConstants the mirror's test helpers import that transformers.testing_utils lacks, taken "
-                   f"from the mirror's testing_utils.py: {', '.join(shims)}")
+        header += (f"\n\nShims (conftest.py): constants the mirror's test helpers import that "
+                   f"transformers.testing_utils lacks, taken from the mirror's testing_utils.py, and (stub) empty "
+                   f"modules for imports only the slow tests use: {', '.join(shims)}")
     lines = [header, "", "| family | tests | pass stock | pass patched | fail patched (pass stock) | fail both | "
              "pass patched only | patched models | run |", "|---|---|---|---|---|---|---|---|---|"]
     details = []
