@@ -373,7 +373,7 @@ def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch:
     else:
         new = torch.ones(batch, length, dtype=torch.bool, device=device)
         after = (past - record.length + step).expand(batch, length)
-    if not torch.compiler.is_compiling() and bool((after[new] < 0).any()):
+    if not torch.compiler.is_compiling() and bool(((after < 0) & new).any()):
         raise ValueError(
             "patched model: a cached forward gives tokens the cache already holds (fewer cached tokens than the "
             "prompt placed with it); pass their position_ids (ropekit.hf.position_ids) or rerun without the cache"

@@ -299,15 +299,17 @@ def angles(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     work = torch.float64 if torch.float64 in (coords.dtype, W.dtype) else torch.float32
     c = coords.to(work)
     Wf = W.to(work)
-    _check_finite(c, "coords", "positions must be finite numbers")
-    _check_finite(Wf, "W", "frequencies must be finite numbers")
     if W.ndim == 3:  # per head: (..., L, A) -> (..., 1, L, A, 1) * (H, 1, A, R/2)
         out = (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
     elif W.shape[-2] == 1:
         out = c * Wf[0]
     else:
         out = (c[..., None] * Wf).sum(-2)
-    _check_finite(out, "coords", f"the angles coords·W overflow {work}; positions are too large for these frequencies")
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(out).all()):  # one read-back; the cause
+        _check_finite(c, "coords", "positions must be finite numbers")  # is looked for on the error path only
+        _check_finite(Wf, "W", "frequencies must be finite numbers")
+        _check_finite(out, "coords", f"the angles coords·W overflow {work}; positions are too large for these "
+                                     f"frequencies")
     return out
 
 
