@@ -45,7 +45,7 @@ def checkpointing_off(model) -> None:
         model.gradient_checkpointing_disable()
 
 
-def checkpointed_gradients(model, inputs, labels, named_params):
+def checkpointed_gradients(model, inputs, labels, named_params, use_reentrant=False):
     """One training step with and without checkpointing: ``(loss, loss_checkpointed, grads, grads_checkpointed)``,
     the gradients as ``{name: grad}`` of ``named_params()`` (pairs of name and parameter) that received one."""
     import torch
@@ -61,7 +61,7 @@ def checkpointed_gradients(model, inputs, labels, named_params):
     model.train()
     try:
         loss, plain = grads()
-        checkpointing_on(model, use_reentrant=False)
+        checkpointing_on(model, use_reentrant=use_reentrant)
         loss2, ckpt = grads()
     finally:
         checkpointing_off(model)
@@ -70,12 +70,13 @@ def checkpointed_gradients(model, inputs, labels, named_params):
     return loss, loss2, plain, ckpt
 
 
-def assert_checkpointing_keeps_gradients(model, inputs, labels, text_model) -> None:
+def assert_checkpointing_keeps_gradients(model, inputs, labels, text_model, use_reentrant=False) -> None:
     """The loss is finite and the same with checkpointing, and so is every gradient of ``text_model``'s
     parameters (attention included) — the invariant a patched model must keep when trained checkpointed."""
     import torch
 
-    loss, loss2, plain, ckpt = checkpointed_gradients(model, inputs, labels, text_model.named_parameters)
+    loss, loss2, plain, ckpt = checkpointed_gradients(model, inputs, labels, text_model.named_parameters,
+                                                      use_reentrant)
     assert torch.isfinite(loss) and torch.equal(loss, loss2)
     assert plain.keys() == ckpt.keys() and any(".self_attn." in n for n in plain)
     for name in plain:

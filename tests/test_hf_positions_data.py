@@ -278,3 +278,15 @@ def test_decoder_layers_compile_with_fullgraph(qwen2):
                 layers[i] = layer
             torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpointed_training_keeps_every_layers_gradient(qwen2, use_reentrant):
+    """Activation checkpointing (both of torch's kinds) gives the same loss and every decoder layer the same
+    gradients as a plain step, with AGE: the layers get their input positionally, as checkpointing needs."""
+    from hf_compat import assert_checkpointing_keeps_gradients
+
+    inputs, _ = make_batch(pad="right")
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    patch_model(qwen2, "circle", age="alternate")
+    assert_checkpointing_keeps_gradients(qwen2, inputs, labels, qwen2.model.language_model, use_reentrant)

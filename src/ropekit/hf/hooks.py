@@ -18,6 +18,7 @@ not know) and hooks read their arguments through :meth:`Hook.bind`, by the insta
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import torch
@@ -48,6 +49,12 @@ class Hook:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(self, *args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The replaced method's signature, so code that reads ``inspect.signature(model.forward)`` (transformers'
+        tests, the Trainer's column filter) sees the parameters it had."""
+        return inspect.signature(getattr(type(self.owner), self.name).__get__(self.owner))
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """This call's arguments by parameter name (refusing a keyword outside the contract)."""
@@ -337,6 +344,10 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     batch, length = inputs_tensor.shape[:2]
     mask = model_kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+    named = state.adapter.position_arguments(model_kwargs)
+    grids = named.get("image_grid_thw") is not None or named.get("video_grid_thw") is not None
+    if cached and grids and input_ids is not None and input_ids.shape[1] > int(past):
+        cached = False  # the whole sequence and its grids are given: place it all (generate keeps the uncached tail)
     if cached:
         record = continuation_of(cache)
         if record is None:
@@ -446,8 +457,11 @@ def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length:
     config = text_model.config
     dtype = ref.dtype if ref.is_floating_point() else text_model.get_input_embeddings().weight.dtype
     shape = torch.empty((batch, length, 0), dtype=dtype, device=ref.device)
-    common = dict(config=config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=text.long(),
+    from .boundary import cache_keyword
+
+    common = dict(config=config, inputs_embeds=shape, attention_mask=None, position_ids=text.long(),
                   allow_is_causal_skip=False)
+    common[cache_keyword(create_causal_mask)] = None  # "cache" since transformers 5.24, "past_key_values" before
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds == {"full_attention"}:
         return create_causal_mask(**common)
@@ -544,7 +558,9 @@ def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     pos = given.get("position_ids")
     if isinstance(pos, torch.Tensor) and pos.ndim == 3:
         given["position_ids"] = pos[0].long()
-    return hook.call_previous(**given)
+    # hidden_states positionally: transformers' activation checkpointing checkpoints the layer's positional
+    # arguments only, and a layer given its input by keyword would drop out of the gradient (use_reentrant=True)
+    return hook.call_previous(given.pop("hidden_states"), **given)
 
 
 # --------------------------------------------------------------------------------------------------
