@@ -139,6 +139,9 @@ class Family:
     image: Callable  # spec -> (ids, layout, what the pixels need)
     samples: list
     origin: float = 0.0  # the family's first position (PaliGemma counts from 1)
+    #: the image inputs of a batch: (what each image needs, per sample its images' needs summed, generator) ->
+    #: dict; None: the families below, built by name in make_batch
+    pixels: Callable = None
 
 
 FAMILIES = {
@@ -186,7 +189,9 @@ def make_batch(name, pad="left", seed=0, suffix=0):
         per_sample.append(count)
     input_ids, mask = pad_rows(rows, pad)
     inputs = dict(input_ids=input_ids, attention_mask=mask)
-    if name in ("internvl", "aya_vision", "paligemma"):  # one pixel row per tile / image
+    if family.pixels is not None:
+        inputs.update(family.pixels(images, per_sample, g))
+    elif name in ("internvl", "aya_vision", "paligemma"):  # one pixel row per tile / image
         inputs["pixel_values"] = torch.randn(sum(images), 3, 8, 8, generator=g)
     elif name == "gemma3":
         inputs["pixel_values"] = torch.randn(len(images), 3, 8, 8, generator=g)

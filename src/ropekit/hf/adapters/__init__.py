@@ -1,6 +1,7 @@
 """Model-family adapters, by transformers ``model_type``."""
 from .aya_vision import AyaVision
 from .base import Adapter
+from .cohere2_vision import Cohere2Vision
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .gemma3 import Gemma3
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
@@ -27,6 +28,7 @@ from .smolvlm import SmolVLM
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
-    LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision())}
+    LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision(),
+    Cohere2Vision())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

@@ -1,0 +1,81 @@
+"""ropekit designs inside more 1-D families placed like LLaVA (every image or tile a grid of its own): Command A
+Vision (tiny random models built from their configs).
+
+The matrix is tests/test_hf_families_1d.py's, run on these families: its tests are collected here too, on this
+module's ``fam`` fixture, with these families added to its table. References: the stock transformers model with the
+same weights (``vanilla`` gives its logits and ``generate`` output bit for bit), each design's ``ropekit.positions``
+on the layout the model sees, the family's own feature merging (which patches each image token holds), one
+teacher-forced forward (cached generation), gradient checkpointing, per-sample runs (packing), save and reload.
+"""
+import pytest
+import torch
+import transformers as T
+
+import test_hf_families_1d as base
+from hf_compat import restore
+from ropekit import Image, Text
+from ropekit.hf import supported_models
+from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
+    IMG, TEXT, VISION, S, Family, _row_major, _seeded, _windows, test_cached_generation_equals_a_teacher_forced_forward,
+    test_checkpointed_training_step, test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
+    test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
+
+
+def _tiles(images, per_sample, g):  # one pixel row per tile
+    return {"pixel_values": torch.randn(sum(images), 3, 8, 8, generator=g)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command A Vision: SigLIP tiles pixel-shuffled by 2, a Cohere 2 language model
+
+
+def _cohere2_vision():
+    return T.Cohere2VisionForConditionalGeneration(T.Cohere2VisionConfig(
+        vision_config=dict(VISION, model_type="siglip_vision_model"),
+        text_config=dict(TEXT, model_type="cohere2", head_dim=16, sliding_window=4,
+                         layer_types=["sliding_attention", "full_attention"], eos_token_id=1),
+        image_token_id=IMG, downsample_factor=2, alignment_intermediate_size=32))
+
+
+def _cohere2_vision_image(tiles):  # <|START_OF_IMG|>, per tile (then the thumbnail) its tokens + line break, <|END|>
+    ids, lay = [61], [Text(1)]
+    for _ in range(tiles):
+        ids, lay = ids + [IMG] * S * S + [63], lay + [Image(S, S), Text(1)]
+    return ids + [62], lay + [Text(1)], tiles
+
+
+ROUND3 = {
+    "cohere2_vision": Family(_cohere2_vision, _cohere2_vision_image,
+                             [[("T", 2), ("I", 3), ("T", 2)], [("T", 3), ("I", 1), ("T", 1), ("I", 2), ("T", 1)]],
+                             pixels=_tiles),
+}
+base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
+
+
+@pytest.fixture(scope="module", params=list(ROUND3))
+def fam(request):
+    """(family name, a stock model); the model is unpatched after every test."""
+    model = _seeded(ROUND3[request.param].build)
+    yield request.param, model
+    restore(model)
+
+
+@pytest.fixture(autouse=True)
+def _unpatched_after(request):
+    yield
+    if "fam" in request.fixturenames:
+        restore(request.getfixturevalue("fam")[1])
+
+
+def test_supported_models_lists_the_families():
+    assert set(ROUND3) <= set(supported_models())
+
+
+def test_cohere2_vision_tokens_hold_the_patches_of_their_grid_cell():
+    """Marker features through the model's own pixel shuffle: token k of a tile holds the 2 x 2 patch window at row
+    k // S, column k % S, the grid ropekit places."""
+    model = _seeded(_cohere2_vision)
+    side = 4
+    f = torch.arange(side * side, dtype=torch.float32).view(1, side * side, 1)
+    out = model.model.multi_modal_projector.pixel_shuffle(f).reshape(-1, 4)
+    assert _windows(out, side) == _row_major(S, 2)
