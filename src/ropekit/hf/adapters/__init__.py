@@ -22,11 +22,12 @@ from .qwen3_vl import Qwen3VL
 from .qwen3_vl_moe import Qwen3VLMoe
 from .qwen3_5 import Qwen3_5
 from .qwen3_5_moe import Qwen3_5Moe
+from .qwen4_exp import Qwen4Exp
 from .refused import REFUSED
 from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
-    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
+    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Qwen4Exp(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision(),
     Cohere2Vision())}
