@@ -21,7 +21,7 @@ from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here
     test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
     test_save_pretrained_and_reload_restore_the_patch, test_stock_equivalent_forward_matches_stock,
     test_stock_equivalent_generate_matches_stock)
-from ropekit.hf import supported_models
+from ropekit.hf import is_patched, patch_model, supported_models
 
 
 def _qwen4_exp():
@@ -38,9 +38,30 @@ def _qwen4_exp():
         vision_config=QWEN_VISION, image_token_id=IMG, video_token_id=VID))
 
 
+# Qwen3-VL's interleaved rotary over the whole 16-channel head (8 pairs: time 2, height 3, width 3)
+QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+
+
+def _cosmos3_edge():
+    # a SigLIP2 tower on 2 x 2-pixel patches (12 values each) with a 4 x 4 learned reference grid
+    return T.Cosmos3EdgeForConditionalGeneration(T.Cosmos3EdgeConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=QWEN3_ROPE),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=2, num_patches=16, spatial_merge_size=2),
+        projector_hidden_size=32, image_token_id=IMG, video_token_id=VID))
+
+
+def _cosmos3_omni():
+    return T.Cosmos3OmniForConditionalGeneration(T.Cosmos3OmniConfig(
+        text_config=dict(TEXT, head_dim=16, rope_parameters=QWEN3_ROPE),
+        vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
+
+
 #: (builder, the transformers class it needs)
 FAMILIES = {
     "qwen4_exp": (Family(_qwen4_exp, (24,), "frames"), "Qwen4ExpForConditionalGeneration"),
+    "cosmos3_edge": (Family(_cosmos3_edge, (12,), "frames"), "Cosmos3EdgeForConditionalGeneration"),
+    "cosmos3_omni": (Family(_cosmos3_omni, (24,), "frames"), "Cosmos3OmniForConditionalGeneration"),
 }
 #: for tests/test_hf_boundary.py: the families this transformers has
 BUILDERS = {name: f.build for name, (f, cls) in FAMILIES.items() if hasattr(T, cls)}
@@ -66,3 +87,21 @@ def _unpatched_after(request):
 
 def test_supported_models_lists_the_families():
     assert {name for name, (_, cls) in FAMILIES.items() if hasattr(T, cls)} <= set(supported_models())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# family specifics
+
+
+def test_cosmos3_omni_reads_its_text_models_class():
+    """Cosmos3-Omni builds its language model from the text config: one of another family (whose rotary layout
+    the adapter does not know) is refused, and the model is left unpatched."""
+    if not hasattr(T, "Cosmos3OmniForConditionalGeneration"):
+        pytest.skip(f"transformers {T.__version__} has no Cosmos3-Omni")
+    other = T.Cosmos3OmniForConditionalGeneration(T.Cosmos3OmniConfig(
+        text_config=dict(TEXT, model_type="qwen2"), vision_config=QWEN_VISION, image_token_id=IMG,
+        video_token_id=VID))
+    assert type(other.model.language_model).__name__ == "Qwen2Model"
+    with pytest.raises(ValueError, match="cosmos3_omni with a Qwen2Model language model is not supported"):
+        patch_model(other, "circle")
+    assert not is_patched(other)
