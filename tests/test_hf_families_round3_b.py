@@ -14,10 +14,11 @@ import transformers as T
 import test_hf_families_1d as base
 from hf_compat import restore
 from ropekit import Image, Text
-from ropekit.hf import supported_models
+from ropekit.hf import is_patched, patch_model, supported_models
+from test_hf_families_1d import IMG, TEXT, VISION, S, Family, _internvl_image, _row_major, _seeded, _windows
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
-    IMG, TEXT, VISION, S, Family, _row_major, _seeded, _windows, test_cached_generation_equals_a_teacher_forced_forward,
-    test_checkpointed_training_step, test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
+    test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
+    test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
     test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
 
 
@@ -44,10 +45,22 @@ def _cohere2_vision_image(tiles):  # <|START_OF_IMG|>, per tile (then the thumbn
     return ids + [62], lay + [Text(1)], tiles
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Qianfan-OCR: InternVL's model (InternViT tiles pixel-shuffled by 0.5) with a Qwen3 language model
+
+
+def _qianfan_ocr():
+    return T.QianfanOCRForConditionalGeneration(T.QianfanOCRConfig(
+        vision_config=VISION, text_config=dict(TEXT, model_type="qwen3", head_dim=16), image_token_id=IMG,
+        image_seq_length=S * S))
+
+
 ROUND3 = {
     "cohere2_vision": Family(_cohere2_vision, _cohere2_vision_image,
                              [[("T", 2), ("I", 3), ("T", 2)], [("T", 3), ("I", 1), ("T", 1), ("I", 2), ("T", 1)]],
                              pixels=_tiles),
+    "qianfan_ocr": Family(_qianfan_ocr, _internvl_image,
+                          [[("T", 3), ("I", 3), ("T", 2)], [("T", 2), ("I", 1), ("T", 2)]], pixels=_tiles),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 
@@ -79,3 +92,21 @@ def test_cohere2_vision_tokens_hold_the_patches_of_their_grid_cell():
     f = torch.arange(side * side, dtype=torch.float32).view(1, side * side, 1)
     out = model.model.multi_modal_projector.pixel_shuffle(f).reshape(-1, 4)
     assert _windows(out, side) == _row_major(S, 2)
+
+
+def test_qianfan_ocr_tokens_hold_the_patches_of_their_grid_cell():
+    """As on InternVL, through Qianfan-OCR's own pixel shuffle (0.5: 2 x 2 windows)."""
+    model = _seeded(_qianfan_ocr)
+    side = 4
+    f = torch.arange(side * side, dtype=torch.float32).view(1, side, side, 1)
+    out = model.model.pixel_shuffle(f, model.config.downsample_ratio).reshape(-1, 4)
+    assert _windows(out, side) == _row_major(S, 2)
+
+
+def test_qianfan_ocr_refuses_a_cls_keeping_strategy():
+    """Under strategy 'full' a tile's features keep the tower's CLS output: no square grid; refused by name."""
+    model = _seeded(_qianfan_ocr)
+    model.config.vision_feature_select_strategy = "full"
+    with pytest.raises(ValueError, match="Qianfan-OCR with vision_feature_select_strategy='full' keeps the tower"):
+        patch_model(model, "circle")
+    assert not is_patched(model)

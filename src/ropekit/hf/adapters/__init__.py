@@ -15,6 +15,7 @@ from .llava_onevision import LlavaOnevision
 from .mistral3 import Mistral3
 from .paddleocr_vl import PaddleOCRVL
 from .paligemma import PaliGemma
+from .qianfan_ocr import QianfanOCR
 from .qwen2_5_omni import Qwen2_5OmniThinker
 from .qwen2_5_vl import Qwen2_5VL
 from .qwen2_vl import Qwen2VL
@@ -30,7 +31,7 @@ from .smolvlm import SmolVLM
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
-    LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(), AyaVision(),
-    Cohere2Vision())}
+    LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
+    AyaVision(), Cohere2Vision(), QianfanOCR())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

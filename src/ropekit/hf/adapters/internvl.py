@@ -24,26 +24,27 @@ from .llava import GridLlava
 
 class InternVL(GridLlava):
     model_type = "internvl"
+    label = "InternVL"  # the family's name in messages
 
     def grid_side(self, config: Any, strategy: Optional[str]) -> int:
         """Tokens per side of one tile's grid; refuses a configuration whose tile tokens are no square grid (the
         model cannot reshape them either)."""
         if strategy != "default":
             raise ValueError(
-                f"patch_model: InternVL with vision_feature_select_strategy={strategy!r} keeps the tower's CLS "
+                f"patch_model: {self.label} with vision_feature_select_strategy={strategy!r} keeps the tower's CLS "
                 f"feature, so a tile's features are no patch grid (the model cannot reshape them either); use 'default'"
             )
         vcfg = config.vision_config
         size, patch = (_pair(vcfg.image_size), _pair(vcfg.patch_size))
         if size[0] != size[1] or patch[0] != patch[1] or size[0] % patch[0]:
             raise ValueError(
-                f"patch_model: InternVL needs square tiles of whole patches (the model reshapes a tile's features into "
-                f"a square); got image_size {list(size)} and patch_size {list(patch)}"
+                f"patch_model: {self.label} needs square tiles of whole patches (the model reshapes a tile's features "
+                f"into a square); got image_size {list(size)} and patch_size {list(patch)}"
             )
         side = size[0] // patch[0] * float(config.downsample_ratio)
         if side != int(side) or side < 1:
             raise ValueError(
-                f"patch_model: InternVL's downsample_ratio {config.downsample_ratio} does not shrink a tile's "
+                f"patch_model: {self.label}'s downsample_ratio {config.downsample_ratio} does not shrink a tile's "
                 f"{size[0] // patch[0]} patches per side to a whole number of tokens"
             )
         return int(side)
