@@ -142,6 +142,8 @@ class Family:
     #: the image inputs of a batch: (what each image needs, per sample its images' needs summed, generator) ->
     #: dict; None: the families below, built by name in make_batch
     pixels: Callable = None
+    #: the forward's token-type argument, filled as the processor fills it (1 on image tokens), or None
+    token_types: str = None
 
 
 FAMILIES = {
@@ -204,6 +206,8 @@ def make_batch(name, pad="left", seed=0, suffix=0):
     elif name == "mistral3":  # 4 pixels per token side (patch 2, merge 2)
         inputs["image_sizes"] = torch.tensor([[4 * r, 4 * c] for r, c in images])
         inputs["pixel_values"] = torch.randn(len(images), 3, 16, 16, generator=g)
+    if family.token_types:
+        inputs[family.token_types] = (input_ids == IMG).long()
     if name == "paligemma":  # 0 on the prefix (images and prompt), 1 on the suffix
         types, _ = pad_rows([[0] * (len(r) - suffix) + [1] * suffix for r in rows], pad)
         inputs["token_type_ids"] = types
@@ -252,6 +256,7 @@ def _encoded(model, inputs):
     """``inputs`` with the images encoded once (``mm_encoder_outputs``, as ``generate`` passes them)."""
     out = dict(inputs)
     encoder_args = {k: out.pop(k) for k in ("pixel_values", "image_sizes", "pixel_attention_mask") if k in out}
+    encoder_args.update({k: out[k] for k in ("image_position_ids",) if k in out})  # Gemma 4: the forward reads them too
     with torch.no_grad():
         encoded = model.model.get_image_features(**encoder_args, return_dict=True)
     return dict(out, mm_encoder_outputs={"image": encoded})
@@ -321,6 +326,8 @@ def _full(name, inputs, sequences):
     full = dict(inputs, input_ids=sequences, attention_mask=torch.cat([inputs["attention_mask"], ones], 1))
     if "token_type_ids" in inputs:
         full["token_type_ids"] = torch.cat([inputs["token_type_ids"], ones * int(name == "paligemma")], 1)
+    if "mm_token_type_ids" in inputs:
+        full["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], ones * 0], 1)
     return full, n
 
 
@@ -559,6 +566,9 @@ def _one_sample_batches(name):
     return out
 
 
+UNPACKED = {"gemma3", "paligemma"}  # families whose forward builds two-way image masks: packing is refused
+
+
 @pytest.mark.parametrize("design", ["vanilla", "circle"])
 def test_packed_rows_equal_per_sample_runs(fam, design):
     """Samples packed into one padding-free row (ropekit.hf.pack): each sample's logits equal its own run. Gemma 3 and
@@ -566,7 +576,7 @@ def test_packed_rows_equal_per_sample_runs(fam, design):
     name, model = fam
     samples = _one_sample_batches(name)
     patch_model(model, design)
-    if name in ("gemma3", "paligemma"):
+    if name in UNPACKED:
         with pytest.raises(ValueError, match="token_type_ids|packed rows are not supported"):
             _logits(model, ropekit.hf.pack(model, samples))
         return

@@ -185,8 +185,12 @@ def _pick(spec: Any, name: str) -> Any:
 
 def _geometry(
     name: str, options: dict, allocation: Optional[str], head_dim: int, base: float, sections: Sequence[int],
-    native: str, scaling: Any = None,
+    native: str, scaling: Any = None, rotated: Optional[int] = None,
 ) -> _Geometry:
+    """``rotated``: the table is proportional RoPE (Gemma 4's full-attention layers): only the first ``rotated``
+    frequency pairs of the ``head_dim`` spectrum turn, the others are 0. A 1-axis design takes that table as it is;
+    a multi-axis design shares the ``rotated`` pairs among its axes by its allocation (``sections`` then split those
+    pairs), keeping their frequencies ``base^(-2j/head_dim)``."""
     d = get_design(name)
     check_options(d, options)
     num_axes = design_axes(name, **options)
@@ -194,7 +198,10 @@ def _geometry(
     alloc = allocation or (native if own == "mrope" else own)
     secs = list(sections) if _uses_sections(alloc, num_axes, sections, native) else None
     try:
-        W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
+        if rotated is None:
+            W = frequency_matrix(alloc, head_dim, num_axes, base=base, sections=secs)
+        else:
+            W = _proportional(alloc, head_dim, num_axes, base, secs, rotated)
     except (ValueError, TypeError) as e:
         raise ValueError(
             f"patch_model: design {name!r} ({num_axes} axes) with allocation {alloc!r} does not fit the model's "
@@ -216,6 +223,19 @@ def _geometry(
                      dim=dim, base=base)
 
 
+def _proportional(alloc: str, head_dim: int, num_axes: int, base: float, sections: Optional[list], rotated: int
+                  ) -> torch.Tensor:
+    """:func:`_geometry`'s frequency matrix on a proportional-RoPE table (``rotated`` of ``head_dim / 2`` pairs turn)."""
+    half = head_dim // 2
+    if alloc == "1d":  # the model's own table: the spectrum over the head, zero past the rotated pairs
+        return frequency_matrix("proportional", head_dim, 1, base=base, sections=[rotated, half - rotated])
+    W = torch.zeros(num_axes, half)
+    if rotated:  # base^(-2j/head_dim) for j < rotated is the spectrum of 2 * rotated channels at this base
+        W[:, :rotated] = frequency_matrix(alloc, 2 * rotated, num_axes, base=base ** (2 * rotated / head_dim),
+                                          sections=sections)
+    return W
+
+
 class _RopeConfig:
     """One rotary table's rope parameters with the text config's context lengths, as scaling_from_config reads them."""
 
@@ -235,6 +255,23 @@ def _rope_tables(adapter: Adapter, text: nn.Module) -> dict[Optional[str], dict]
     tables, per_layer = found
     order = list(dict.fromkeys(per_layer)) + [k for k in tables if k not in per_layer]
     return {k: dict(tables[k]) for k in order}
+
+
+def _rotated_pairs(rope: dict, dim: int) -> Optional[int]:
+    """Frequency pairs that turn on a proportional-RoPE table (transformers' ``rope_type="proportional"``, Gemma 4:
+    ``int(partial_rotary_factor * head_dim // 2)``), None for any other table."""
+    if rope.get("rope_type", rope.get("type")) != "proportional":
+        return None
+    return int(float(rope.get("partial_rotary_factor", 1.0)) * dim // 2)
+
+
+def _scaling_part(rope: dict) -> dict:
+    """The rope scaling of a table: a proportional table's ``factor`` divides its frequencies (linear scaling)."""
+    if rope.get("rope_type", rope.get("type")) != "proportional":
+        return rope
+    out = {k: v for k, v in rope.items() if k not in ("rope_type", "type", "factor", "partial_rotary_factor")}
+    factor = rope.get("factor", 1.0)
+    return dict(out, rope_type="default") if factor == 1.0 else dict(out, rope_type="linear", factor=factor)
 
 
 def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int], native: str) -> bool:
@@ -340,23 +377,34 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
 
     tcfg = text.config
     tables = _rope_tables(adapter, text)  # {table key: rope parameters} (key None: one table for every layer)
-    head_dim = adapter.rotary_dim(text)
+    dims = {key: adapter.table_dim(text, key) for key in tables}  # rotary channels of each table's layers
+    rotated = {key: _rotated_pairs(rope, dims[key]) for key, rope in tables.items()}  # proportional tables
     native = adapter.native_allocation
     given_sections = sections is not None
     first = next(iter(tables.values()))
-    sections = adapter.sections(first, head_dim // 2) if sections is None else _check_sections(sections, head_dim)
+    turning = {key: dims[key] // 2 if rotated[key] is None else rotated[key] for key in tables}  # pairs that turn
+    if given_sections and len(set(turning.values())) > 1:
+        raise ValueError(
+            f"patch_model: `sections` split one head's frequency pairs, but this model's layer types rotate "
+            f"{sorted(set(turning.values()))} pairs ({turning}); drop `sections` (each table then takes the "
+            f"default split of its own pairs)"
+        )
+    half = next(iter(turning.values()))
+    sections = adapter.sections(first, half) if sections is None else _check_sections(sections, 2 * half)
     if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
-        sections = _check_sections(saved["sections"], head_dim)
+        sections = _check_sections(saved["sections"], 2 * half)
     variants = {}
     for key, rope in tables.items():
+        secs = sections if turning[key] == half else adapter.sections(rope, turning[key])
         try:
-            scaling = parse_scaling(scaling_from_config(_RopeConfig(tcfg, rope)))
+            scaling = parse_scaling(scaling_from_config(_RopeConfig(tcfg, _scaling_part(rope))))
         except (ValueError, TypeError) as e:
             where = "" if key is None else f" ({key!r} layers)"
             raise ValueError(f"patch_model: the model's rope_parameters{where} cannot be applied: {e}") from None
         base = float(rope.get("rope_theta", 10000.0))
         variants[key] = ({
-            n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), head_dim, base, sections, native, scaling)
+            n: _geometry(n, per_design.get(n, {}), _pick(allocation, n), dims[key], base, secs, native, scaling,
+                         rotated[key])
             for n in dict.fromkeys(names)
         }, attention_factor(scaling))
     geometries, factor = next(iter(variants.values()))

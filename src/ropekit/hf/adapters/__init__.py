@@ -5,6 +5,7 @@ from .cosmos3 import Cosmos3Edge, Cosmos3Omni
 from .cohere2_vision import Cohere2Vision
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .gemma3 import Gemma3
+from .gemma4 import Gemma4
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .glm_ocr import GlmOcr
 from .idefics3 import Idefics3
@@ -32,6 +33,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
-    AyaVision(), Cohere2Vision(), QianfanOCR())}
+    AyaVision(), Cohere2Vision(), QianfanOCR(),
+    Gemma4())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

@@ -122,6 +122,11 @@ class Adapter:
         """Channels per head the model rotates (the head dim, less under partial rotary)."""
         return int(text.layers[0].self_attn.head_dim)
 
+    def table_dim(self, text: nn.Module, key: Optional[str]) -> int:
+        """Channels per head the layers of rotary table ``key`` rotate (:meth:`rope_variants`; None: the one table),
+        :meth:`rotary_dim` unless the family's layer types differ in head size (Gemma 4)."""
+        return self.rotary_dim(text)
+
     def table_layout(self, text: nn.Module) -> str:
         """:attr:`pair_layout` of this model's text model (a family whose text model may vary overrides it)."""
         return self.pair_layout

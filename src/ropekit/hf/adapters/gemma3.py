@@ -25,6 +25,7 @@ from .llava import GridLlava
 
 class Gemma3(GridLlava):
     model_type = "gemma3"
+    name = "Gemma 3"
     forward_params = frozenset({"token_type_ids"})
     rotary_params = frozenset({"layer_type"})
     masks_in_forward = True
@@ -48,7 +49,7 @@ class Gemma3(GridLlava):
         rope, types = getattr(cfg, "rope_parameters", None) or {}, list(getattr(cfg, "layer_types", None) or [])
         if not types or not all(isinstance(rope.get(t), dict) for t in types):
             raise ValueError(
-                f"patch_model: Gemma 3's language model config must give rope_parameters per layer type "
+                f"patch_model: {self.name}'s language model config must give rope_parameters per layer type "
                 f"({sorted(set(types))}), got {rope!r}"
             )
         return {t: rope[t] for t in dict.fromkeys(types)}, types

@@ -1,0 +1,189 @@
+"""ropekit designs inside more 1-D families placed like LLaVA (every image, tile or frame a grid of its own): Gemma 4
+(tiny random models built from their configs), and the facts behind the families ropekit refuses.
+
+The matrix is tests/test_hf_families_1d.py's, run on these families: its tests are collected here too, on this
+module's ``fam`` fixture, with these families added to its table. References: the stock transformers model with the
+same weights (``vanilla`` gives its logits and ``generate`` output bit for bit, Gemma 4's per-layer-type rotary tables
+included), each design's ``ropekit.positions`` on the layout the model sees, the family's own pooling (which patches
+each image token holds), one teacher-forced forward (cached generation), gradient checkpointing, per-sample runs
+(packing), save and reload.
+"""
+import pytest
+import torch
+import transformers as T
+
+import test_hf_families_1d as base
+from hf_compat import restore
+from test_hf_llava import reference_positions
+from ropekit import Image, Layout, Text, Video
+from ropekit.hf import is_patched, last_positions, patch_model, supported_models
+from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
+    IMG, TEXT, VISION, Family, _logits, _seeded, test_cached_generation_equals_a_teacher_forced_forward,
+    test_checkpointed_training_step, test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
+    test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
+
+
+def _model_class(name):
+    """The family's transformers class; a release without the family skips its tests (the class does not exist)."""
+    cls = getattr(T, name, None)
+    if cls is None:
+        pytest.skip(f"transformers {T.__version__} has no {name}")
+    return cls
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: images of any aspect ratio as patch grids pooled 2 x 2; sliding layers (head 16, base 1e4) and
+# full-attention layers (head 32, proportional RoPE: a quarter of the pairs turn, base 1e6); two-way image masks
+
+G4_PATCHES = 32  # patches per image row of pixel_values (padded): at most 8 tokens per image
+G4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+
+
+def _gemma4():
+    return _model_class("Gemma4ForConditionalGeneration")(T.Gemma4Config(
+        text_config=dict(TEXT, head_dim=16, global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=TEXT["vocab_size"], use_bidirectional_attention="vision",
+                         layer_types=["sliding_attention", "full_attention"], rope_parameters=G4_ROPE),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=8, patch_size=2, pooling_kernel_size=2,
+                           position_embedding_size=16),
+        audio_config=None, image_token_id=IMG, boi_token_id=71, eoi_token_id=72, video_token_id=75,
+        audio_token_id=76, boa_token_id=77, eoa_token_index=78))
+
+
+def _gemma4_image(rows_cols):  # <start_of_image>, the rows x cols pooled grid, <end_of_image>
+    rows, cols = rows_cols
+    return [71] + [IMG] * rows * cols + [72], [Text(1), Image(rows, cols), Text(1)], (rows, cols)
+
+
+def _patch_positions(rows, cols, total=G4_PATCHES):
+    """(x, y) of each patch of a ``rows x cols`` patch grid, row by row as the processor lists them, padded with
+    (-1, -1) to ``total``."""
+    ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    pos = torch.stack([xs.flatten(), ys.flatten()], -1)
+    return torch.cat([pos, torch.full((total - rows * cols, 2), -1)])
+
+
+def _gemma4_pixels(images, per_sample, g):  # each image's 2 x 2 windows of patches (12 values a patch)
+    return {"pixel_values": torch.rand(len(images), G4_PATCHES, 12, generator=g),
+            "image_position_ids": torch.stack([_patch_positions(2 * r, 2 * c) for r, c in images])}
+
+
+ROUND3 = {
+    "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
+                                              [("T", 2), ("I", (3, 2)), ("T", 3)]],
+                     pixels=_gemma4_pixels, token_types="mm_token_type_ids"),
+}
+base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
+base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
+
+
+@pytest.fixture(scope="module", params=list(ROUND3))
+def fam(request):
+    """(family name, a stock model); the model is unpatched after every test."""
+    model = _seeded(ROUND3[request.param].build)
+    yield request.param, model
+    restore(model)
+
+
+@pytest.fixture(autouse=True)
+def _unpatched_after(request):
+    yield
+    if "fam" in request.fixturenames:
+        restore(request.getfixturevalue("fam")[1])
+
+
+def test_supported_models_lists_the_families():
+    assert set(ROUND3) <= set(supported_models())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4 specifics
+
+
+def test_gemma4_tokens_hold_the_patch_windows_of_their_grid_cell():
+    """Marker features through the model's own pooling by patch positions: token k of a 4 x 6 patch image averages
+    the 2 x 2 window at row k // 3, column k % 3 (x is the column), the 2 x 3 grid ropekit places."""
+    model = _seeded(_gemma4)
+    rows, cols = 4, 6
+    pos = _patch_positions(rows, cols)[None]
+    marks = (pos[..., 1] * cols + pos[..., 0]).clamp(min=0).float()[..., None]  # patch (r, c) carries r * cols + c
+    pooled, valid = model.model.vision_tower.pooler._avg_pool_by_positions(marks, pos, G4_PATCHES // 4)
+    want = [sum((2 * (k // 3) + i) * cols + 2 * (k % 3) + j for i in (0, 1) for j in (0, 1)) / 4 for k in range(6)]
+    assert valid[0].tolist() == [True] * 6 + [False] * 2
+    assert pooled[0, :6, 0].tolist() == want
+
+
+def _rotary_tables(model, inputs):
+    """Each layer type's (cos, sin) from the text model's rotary in one forward."""
+    seen = {}
+    rotary = model.model.language_model.rotary_emb
+    hook = rotary.register_forward_hook(lambda m, a, kw, out: seen.__setitem__(kw.get("layer_type", a[-1]), out),
+                                        with_kwargs=True)
+    try:
+        _logits(model, inputs)
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_gemma4_full_attention_layers_keep_proportional_rope():
+    """The stock full-attention table (proportional RoPE) leaves 12 of its 16 frequency pairs unturned; every
+    design's table leaves those same channels unturned (cos 1, sin 0), each design sharing the 4 turning pairs among
+    its axes, and the sliding layers rotate all 8 pairs of their own head size."""
+    model = _seeded(_gemma4)
+    inputs, _ = base.make_batch("gemma4")
+    stock = model.model.language_model.rotary_emb.full_attention_inv_freq
+    assert stock.shape == (16,) and bool((stock[:4] > 0).all()) and not bool(stock[4:].any())
+    for design in ("vanilla", "circle", "mrope"):
+        patch_model(model, design)
+        tables = _rotary_tables(model, inputs)
+        cos, sin = tables["full_attention"]
+        assert cos.shape[-1] == 32 and tables["sliding_attention"][0].shape[-1] == 16
+        still = torch.cat([torch.arange(4, 16), torch.arange(20, 32)])  # rotate-half: pair j on channels j, j + 16
+        assert bool((cos[..., still] == 1).all()) and not bool(sin[..., still].any()), design
+        assert bool((sin[..., :4] != 0).any()), design
+    restore(model)
+
+
+def test_gemma4_images_need_their_patch_positions():
+    """The encoded features carry each image's token count, not its shape (2 x 3 and 3 x 2 fill the same count):
+    a forward with images but without ``image_position_ids`` is refused, as are patches that are no full grid of
+    pooling windows."""
+    model = _seeded(_gemma4)
+    inputs, _ = base.make_batch("gemma4")
+    patch_model(model, "circle")
+    with pytest.raises(ValueError, match="without `image_position_ids`"):
+        model(**{k: v for k, v in inputs.items() if k != "image_position_ids"})
+    odd = inputs["image_position_ids"].clone()
+    odd[0, 5] = -1  # one patch of the first image missing
+    with pytest.raises(ValueError, match="no full grid"):
+        model(**dict(inputs, image_position_ids=odd))
+    restore(model)
+    assert not is_patched(model)
+
+
+def test_gemma4_video_frames_are_blocks_of_their_own():
+    """A video as the processor writes it (per frame: a timestamp, ``<start_of_image>``, the frame's tokens,
+    ``<end_of_image>``): ``vanilla`` gives the stock logits, and a design places each frame as a one-frame block
+    of its own grid."""
+    model = _seeded(_gemma4)
+    g = torch.Generator().manual_seed(3)
+    vid = 75
+    frame = [71] + [vid] * 6 + [72]  # a 2 x 3 token frame (4 x 6 patches)
+    ids = torch.tensor([[5, 6, 40] + frame + [41] + frame + [7, 8]])
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                  pixel_values_videos=torch.rand(2, G4_PATCHES, 12, generator=g),
+                  video_position_ids=torch.stack([_patch_positions(4, 6)] * 2),
+                  num_frames_per_video=torch.tensor([2]), mm_token_type_ids=(ids == vid).long() * 2)
+    stock = _logits(model, inputs)
+    patch_model(model, "vanilla")
+    assert torch.equal(_logits(model, inputs), stock)
+    patch_model(model, "circle")
+    _logits(model, inputs)
+    layout = Layout([Text(4), Video(1, 2, 3), Text(3), Video(1, 2, 3), Text(3)])
+    want = reference_positions(inputs, [layout], "circle")
+    for pos in last_positions(model).values():
+        assert torch.equal(pos, want)
+    restore(model)
