@@ -110,3 +110,48 @@ def test_qianfan_ocr_refuses_a_cls_keeping_strategy():
     with pytest.raises(ValueError, match="Qianfan-OCR with vision_feature_select_strategy='full' keeps the tower"):
         patch_model(model, "circle")
     assert not is_patched(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# families refused (docs/hf.md, "Families ropekit refuses"): the refusal, and the facts it rests on, on the stock
+# transformers models
+
+
+def _aria():
+    return T.AriaForConditionalGeneration(T.AriaConfig(
+        vision_config=dict(VISION, model_type="idefics3_vision"),
+        text_config=dict(TEXT, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1),
+        projector_patch_to_query_dict={16: S * S}, image_token_id=IMG))
+
+
+REFUSED = {"aria": _aria}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_families_say_why_and_list_the_supported_ones(name):
+    model = _seeded(REFUSED[name])
+    assert name not in supported_models()
+    for target in (model, model.model):
+        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
+            patch_model(target, "vanilla")
+        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
+        assert not is_patched(target)
+    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+
+
+def test_aria_image_tokens_are_learned_queries_with_no_grid_cell():
+    """Why Aria is refused: the projector's image tokens are its learned queries attending to every patch without
+    positions, so permuting the tower's patch features leaves every image token as it was (no token holds a patch
+    window), and the released token counts (128 for 35 x 35 patches) are no square grid either."""
+    model = _seeded(_aria)
+    projector = model.model.multi_modal_projector
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        projector.query.copy_(torch.randn(projector.query.shape, generator=g))  # distinct queries (stock init: zeros)
+        patches = torch.randn(1, 16, VISION["hidden_size"], generator=g)
+        tokens = projector(patches)
+        shuffled = projector(patches[:, torch.randperm(16, generator=g)])
+    assert tokens.shape[1] == S * S and not torch.allclose(tokens[0, 0], tokens[0, 1])
+    torch.testing.assert_close(shuffled, tokens, rtol=1e-5, atol=1e-6)
+    released = T.AriaConfig().projector_patch_to_query_dict
+    assert released[35 * 35] == 128 and round(128 ** 0.5) ** 2 != 128

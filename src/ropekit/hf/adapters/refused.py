@@ -3,7 +3,8 @@ gives (docs/hf.md, "Families ropekit refuses", has the details).
 
 A family lands here when its position code does not have the Qwen-VL shape (text on the diagonal, a grid block at
 ``s`` on ``(s + frame, s + row, s + column)``, one rotation angle per frequency pair), so that no ropekit design
-reproduces the stock model and no adapter could honour the designs' own placement.
+reproduces the stock model and no adapter could honour the designs' own placement, or when a 1-D family's image
+tokens are no grid a design could place (nothing ties a token to a row and column of the image).
 """
 
 REFUSED: dict[str, str] = {
@@ -20,5 +21,11 @@ REFUSED: dict[str, str] = {
         "<slice>, </slice> and newline markers (text tokens) off the diagonal, stretches the thumbnail over the "
         "canvas of its slices (rounded linspace, so thumbnail and slice tokens share positions), continues text "
         "at the block's start + max(h, w) + 1, and its hooks take target_sizes/downsample_mode, not grids"
+    ),
+    "aria": (
+        "Aria's image tokens are no grid: its projector's learned queries (projector_patch_to_query_dict: 128 or "
+        "256 per image) cross-attend to all of the vision tower's patches with no position of their own, so each "
+        "token summarizes the whole image (the same tokens for any order of the patches) and has no row or "
+        "column; a 2-D or 3-D design would invent one, and placed as text every design is 1-D RoPE"
     ),
 }
