@@ -118,9 +118,9 @@ def test_qianfan_ocr_refuses_a_cls_keeping_strategy():
 
 
 def _aria():
-    return T.AriaForConditionalGeneration(T.AriaConfig(
-        vision_config=dict(VISION, model_type="idefics3_vision"),
-        text_config=dict(TEXT, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1),
+    return T.AriaForConditionalGeneration(T.AriaConfig(  # config objects: transformers 5.18 takes no dicts here
+        vision_config=T.Idefics3VisionConfig(**VISION),
+        text_config=T.AriaTextConfig(**TEXT, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1),
         projector_patch_to_query_dict={16: S * S}, image_token_id=IMG))
 
 
