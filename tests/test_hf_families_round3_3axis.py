@@ -21,7 +21,9 @@ from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here
     test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
     test_save_pretrained_and_reload_restore_the_patch, test_stock_equivalent_forward_matches_stock,
     test_stock_equivalent_generate_matches_stock)
-from ropekit.hf import is_patched, patch_model, supported_models
+from ropekit.hf import boundary, is_patched, patch_model, supported_models
+from ropekit.hf.adapters import ADAPTERS
+from ropekit.hf.boundary import UnsupportedTransformersError
 
 
 def _qwen4_exp():
@@ -57,22 +59,51 @@ def _cosmos3_omni():
         vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
 
 
+def _cohere_compass(rope_full=dict(QWEN3_ROPE, rope_theta=1e4)):
+    # a Cohere 2 decoder with a table per layer type: sliding-window layers (window 6) at base 1e6, full-attention
+    # layers at base 1e4 (None: no positions on them)
+    return T.CohereCompassForConditionalGeneration(T.CohereCompassConfig(
+        text_config=dict(TEXT, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=6,
+                         rope_parameters={"sliding_attention": QWEN3_ROPE, "full_attention": rope_full}),
+        vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
+
+
 #: (builder, the transformers class it needs)
 FAMILIES = {
     "qwen4_exp": (Family(_qwen4_exp, (24,), "frames"), "Qwen4ExpForConditionalGeneration"),
     "cosmos3_edge": (Family(_cosmos3_edge, (12,), "frames"), "Cosmos3EdgeForConditionalGeneration"),
     "cosmos3_omni": (Family(_cosmos3_omni, (24,), "frames"), "Cosmos3OmniForConditionalGeneration"),
+    "cohere_compass": (Family(_cohere_compass, (24,), "frames"), "CohereCompassForConditionalGeneration"),
 }
-#: for tests/test_hf_boundary.py: the families this transformers has
-BUILDERS = {name: f.build for name, (f, cls) in FAMILIES.items() if hasattr(T, cls)}
+
+
+def _needs(cls):
+    if not hasattr(T, cls):
+        pytest.skip(f"transformers {T.__version__} has no {cls}")
+
+
+def _missing(name):
+    """Why this transformers cannot run family ``name``'s matrix (None when it can): no such class, or a release
+    older than the oldest whose layout the adapter knows (refused: test_older_releases_are_refused)."""
+    cls = FAMILIES[name][1]
+    if not hasattr(T, cls):
+        return f"transformers {T.__version__} has no {cls}"
+    oldest = ADAPTERS[name].oldest_transformers
+    if oldest and boundary._release(T.__version__) < boundary._release(oldest[0]):
+        return f"transformers {T.__version__}: {name} needs {oldest[0]} (refused before, as tested below)"
+    return None
+
+
+#: for tests/test_hf_boundary.py: the families this transformers runs
+BUILDERS = {name: f.build for name, (f, _) in FAMILIES.items() if _missing(name) is None}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def fam(request):
     """(family name, its spec, a stock model); the model is unpatched after every test."""
-    family, cls = FAMILIES[request.param]
-    if not hasattr(T, cls):
-        pytest.skip(f"transformers {T.__version__} has no {cls}")
+    family, _ = FAMILIES[request.param]
+    if _missing(request.param):
+        pytest.skip(_missing(request.param))
     model = _seeded(family.build)
     yield request.param, family, model
     restore(model)
@@ -86,7 +117,20 @@ def _unpatched_after(request):
 
 
 def test_supported_models_lists_the_families():
-    assert {name for name, (_, cls) in FAMILIES.items() if hasattr(T, cls)} <= set(supported_models())
+    assert set(FAMILIES) <= set(supported_models())
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if ADAPTERS[n].oldest_transformers])
+def test_older_releases_are_refused(name, monkeypatch):
+    """A family whose layout changed within the tested range is refused, by name and with the release to install,
+    on a release before the change; the model is left stock."""
+    _needs(FAMILIES[name][1])
+    oldest = ADAPTERS[name].oldest_transformers[0]
+    model = FAMILIES[name][0].build().eval()
+    monkeypatch.setattr(boundary, "transformers_version", lambda: "5.18.0")
+    with pytest.raises(UnsupportedTransformersError, match=rf"{name} needs transformers >= {oldest} \(installed: 5\.18\.0\)"):
+        patch_model(model, "mrope")
+    assert not is_patched(model)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -96,12 +140,35 @@ def test_supported_models_lists_the_families():
 def test_cosmos3_omni_reads_its_text_models_class():
     """Cosmos3-Omni builds its language model from the text config: one of another family (whose rotary layout
     the adapter does not know) is refused, and the model is left unpatched."""
-    if not hasattr(T, "Cosmos3OmniForConditionalGeneration"):
-        pytest.skip(f"transformers {T.__version__} has no Cosmos3-Omni")
+    _needs("Cosmos3OmniForConditionalGeneration")
     other = T.Cosmos3OmniForConditionalGeneration(T.Cosmos3OmniConfig(
         text_config=dict(TEXT, model_type="qwen2"), vision_config=QWEN_VISION, image_token_id=IMG,
         video_token_id=VID))
     assert type(other.model.language_model).__name__ == "Qwen2Model"
     with pytest.raises(ValueError, match="cosmos3_omni with a Qwen2Model language model is not supported"):
+        patch_model(other, "circle")
+    assert not is_patched(other)
+
+
+def test_cohere_compass_layers_without_positions_stay_without():
+    """Cohere Compass layer types whose rope_parameters are None take no positions (NoPE): patched, they still get
+    none, and the stock-equivalent patch gives the stock logits and greedy tokens bit for bit."""
+    if _missing("cohere_compass"):
+        pytest.skip(_missing("cohere_compass"))
+    from test_hf_families_3axis import IMAGES, make_batch
+    model = _seeded(lambda: _cohere_compass(rope_full=None))
+    family = FAMILIES["cohere_compass"][0]
+    inputs, _ = make_batch(family, IMAGES)
+    keep = inputs["attention_mask"].bool()
+    kw = dict(max_new_tokens=2, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        ref, ref_gen = model(**inputs).logits, model.generate(**inputs, **kw)
+        patch_model(model, "mrope", continuation="spatial")
+        assert torch.equal(model(**inputs).logits[keep], ref[keep])
+        gen = model.generate(**inputs, **kw)
+    assert torch.equal(gen.sequences, ref_gen.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(gen.logits, ref_gen.logits))
+    other = _cohere_compass(rope_full=dict(QWEN3_ROPE, mrope_section=[2, 2, 4]))
+    with pytest.raises(ValueError, match="different mrope_section"):  # one position tensor serves every layer
         patch_model(other, "circle")
     assert not is_patched(other)

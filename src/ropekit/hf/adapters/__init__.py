@@ -1,6 +1,7 @@
 """Model-family adapters, by transformers ``model_type``."""
 from .aya_vision import AyaVision
 from .base import Adapter
+from .cohere_compass import CohereCompass
 from .cosmos3 import Cosmos3Edge, Cosmos3Omni
 from .cohere2_vision import Cohere2Vision
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
@@ -30,10 +31,11 @@ from .refused import REFUSED
 from .smolvlm import SmolVLM
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
-    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), Glm4V(), Glm4VMoe(), Glm46V(),
+    Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(),
-    Gemma4())}
+    Gemma4(),
+    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
