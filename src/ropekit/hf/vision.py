@@ -1,8 +1,9 @@
-"""Any ropekit vision rotary inside a vision encoder that already uses 2-D RoPE (docs/hf.md, "Vision encoders").
+"""Any ropekit vision rotary inside a vision encoder that already uses RoPE (docs/hf.md, "Vision encoders").
 
-``patch_vision_model(model, family, **options)`` swaps the 2-D RoPE of transformers' DINOv3 ViT, Pixtral's
-vision encoder and the Qwen2-VL / Qwen2.5-VL vision tower (alone or as the ``visual`` of the VL model) for a
-ropekit rotation family, on that instance only; ``unpatch_vision_model`` gives the stock encoder back.
+``patch_vision_model(model, family, **options)`` swaps the RoPE of transformers' DINOv3 ViT, Pixtral's
+vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower (alone or as the ``visual`` of the VL model), V-JEPA 2
+(encoder and predictor, 3-D: frame, row, column) and Gemma 4's vision encoder for a ropekit rotation family,
+on that instance only; ``unpatch_vision_model`` gives the stock encoder back.
 
 Families (``family=``):
 
@@ -22,7 +23,8 @@ the patch coordinates (Qwen's vision attention splits windows itself; DINOv3/Pix
 Learned families' modules are registered on each attention module as ``ropekit_rotary`` (so
 ``model.parameters()`` and optimizers see them, and they move with ``.to()``). Coordinates are the encoder's
 own: DINOv3's normalised patch centres in [-1, 1] times 2π (its angle is ``2π·c·f``, augmentations included
-in training), Pixtral's and Qwen's integer (row, column) patch indices.
+in training), Pixtral's, Qwen's and Gemma 4's integer (row, column) patch indices (Gemma 4's per sample),
+V-JEPA 2's integer (frame, row, column) indices.
 """
 from __future__ import annotations
 
@@ -63,10 +65,11 @@ _ROTARY_ATTR = "ropekit_rotary"
 class _Planar:
     """A shared planar rotation ``angles(coords, W)`` (axial, directional)."""
 
-    writes_in_place = True  # apply(..., inplace=True) rotates x where it lies (no allocation)
-
-    def __init__(self, W: Optional[torch.Tensor] = None, rope: Optional[DirectionalRoPE] = None) -> None:
-        self.W, self.rope = W, rope
+    def __init__(self, W: Optional[torch.Tensor] = None, rope: Optional[DirectionalRoPE] = None,
+                 perm: Optional[torch.Tensor] = None) -> None:
+        self.W, self.rope, self.perm = W, rope, perm
+        # apply(..., inplace=True) rotates x where it lies (no allocation); a permuted layout rotates a copy
+        self.writes_in_place = perm is None
 
     def tables(self, coords: torch.Tensor):
         if self.rope is not None:
@@ -74,7 +77,12 @@ class _Planar:
         return cos_sin(angles(coords, self.W.to(coords.device)))
 
     def apply(self, x: torch.Tensor, tables, inplace: bool = False) -> torch.Tensor:
-        return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2, out=x if inplace else None)
+        if self.perm is None:
+            return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2, out=x if inplace else None)
+        # the stock layout is the half-split one on permuted channels: rotate there, put the channels back
+        perm = self.perm.to(x.device)
+        y = apply_rotary_fused(x[..., perm], *tables, channels="half", seq_dim=-2)
+        return y[..., torch.argsort(perm)]
 
 
 class _Mixed:
@@ -122,31 +130,62 @@ class _Grape:
         return x.copy_(y) if inplace else y
 
 
+class _PerSample(list):
+    """Tables for each sample of a batch whose samples have different patch coordinates."""
+
+
 class _Context:
     """One attention module's rotation: the rotator, its learned module (if any) and this call's tables."""
 
-    def __init__(self, rotator: Any, module: Optional[nn.Module]) -> None:
-        self.rotator, self.module, self.tables, self.length = rotator, module, None, 0
+    def __init__(self, rotator: Any, module: Optional[nn.Module], patches_first: bool = False) -> None:
+        self.rotator, self.module, self.patches_first = rotator, module, patches_first
+        self.tables, self.length = None, 0
+
+    def _tables(self, coords: torch.Tensor):
+        if self.module is None:
+            return self.rotator.tables(coords)
+        return self.rotator.tables(self.module, coords)
 
     def begin(self, coords: torch.Tensor) -> None:
-        self.length = coords.shape[0]
-        if self.module is None:
-            self.tables = self.rotator.tables(coords)
+        """Coordinates ``(P, A)`` for every sample, or ``(B, P, A)`` one set per sample."""
+        self.length = coords.shape[-2]
+        if coords.ndim == 3 and bool((coords == coords[:1]).all()):
+            coords = coords[0]  # the same patches in every sample: one set of tables
+        if coords.ndim == 2:
+            self.tables = self._tables(coords)
         else:
-            self.tables = self.rotator.tables(self.module, coords)
+            self.tables = _PerSample(self._tables(c) for c in coords)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x (B, L, H, D)``; its last ``length`` tokens are the patches (DINOv3's prefix tokens stay)."""
+        """Rotate ``x (B, L, H, D)``; its last ``length`` tokens are the patches (first ``length`` with
+        ``patches_first``), the other tokens (DINOv3's prefix, Llama 4's class token) stay."""
+        if isinstance(self.tables, _PerSample):
+            if x.shape[0] != len(self.tables):
+                raise ValueError(f"patch_vision_model: the attention got {x.shape[0]} samples but coordinates "
+                                 f"for {len(self.tables)}; the encoder's inputs do not match its positions")
+            every, parts, in_place = self.tables, [], True
+            try:
+                for i, tables in enumerate(every):
+                    self.tables, sample = tables, x[i:i + 1]
+                    parts.append(self.rotate(sample))
+                    in_place = in_place and parts[-1] is sample
+            finally:
+                self.tables = every
+            return x if in_place else torch.cat(parts)
         tokens = x.shape[1]
         if tokens < self.length:
             raise ValueError(f"patch_vision_model: the attention got {tokens} tokens but {self.length} patch "
                              f"coordinates; the encoder's inputs do not match its position embeddings")
-        prefix, patches = x.split((tokens - self.length, self.length), dim=1)
+        sizes = (self.length, tokens - self.length) if self.patches_first else (tokens - self.length, self.length)
+        first, second = x.split(sizes, dim=1)
+        patches = first if self.patches_first else second
         if self._writable(x):  # the projection's fresh output, which nothing else reads: rotate it where it lies
             self.rotator.apply(patches.transpose(1, 2), self.tables, inplace=True)
             return x
         rotated = self.rotator.apply(patches.transpose(1, 2), self.tables).transpose(1, 2).to(x.dtype)
-        return rotated if tokens == self.length else torch.cat((prefix, rotated), dim=1)
+        if tokens == self.length:
+            return rotated
+        return torch.cat((rotated, second) if self.patches_first else (first, rotated), dim=1)
 
     def _writable(self, x: torch.Tensor) -> bool:
         """Whether ``x`` may be rotated in place: a rotation with an ``out=`` form, no autograd (the in-place
@@ -181,8 +220,14 @@ def _check_family(family: Any) -> str:
     return key
 
 
+def _rotary_width(head_dim: int, axes: int) -> int:
+    """Channels ropekit's axial allocation rotates: the most that split evenly over the axes (the rest pass)."""
+    return 2 * axes * (head_dim // (2 * axes))
+
+
 def _shared_rotator(family: str, options: dict, adapter: VisionAdapter, rotary: nn.Module, head_dim: int):
-    """The rotator of a family without parameters (one for all layers)."""
+    """The rotator of a family without parameters (one for all layers of a head size)."""
+    axes = adapter.num_axes
     if family == "geope":
         _take(options, ("lam", "freq_style", "channels"), family)
         return _GeoPE(GeoPE(head_dim, **options))
@@ -195,43 +240,48 @@ def _shared_rotator(family: str, options: dict, adapter: VisionAdapter, rotary: 
             if given_base:
                 raise ValueError("patch_vision_model: `base` applies to frequencies='axial'; the stock "
                                  "frequencies are the encoder's own (drop `base` or pass frequencies='axial')")
-            return _Planar(adapter.stock_frequencies(rotary))
+            own = adapter.stock_rotator(rotary, head_dim)
+            if own is not None:
+                return own
+            return _Planar(adapter.stock_frequencies(rotary), perm=adapter.stock_permutation(head_dim))
         if frequencies == "axial":
-            return _Planar(frequency_matrix("axial", head_dim, 2, base=base))
+            return _Planar(frequency_matrix("axial", _rotary_width(head_dim, axes), axes, base=base))
         raise ValueError(f"patch_vision_model: `frequencies` must be 'stock' (the encoder's own layout) or "
                          f"'axial' (ropekit's axial allocation), got {frequencies!r}")
     # directional
     _take(options, ("method", "seed"), family)
-    return _Planar(rope=DirectionalRoPE(head_dim, 2, options.get("method", "sobol"), base=base,
+    return _Planar(rope=DirectionalRoPE(head_dim, axes, options.get("method", "sobol"), base=base,
                                         seed=options.get("seed", 0)))
 
 
-def _learned_factory(family: str, options: dict, head_dim: int, num_heads: int, base: float):
-    """(rotator, a function building one family module) for families with parameters."""
+def _learned_factory(family: str, options: dict, axes: int, base: float):
+    """(rotator, a function building one family module for layer i, head size and head count)."""
     if family == "mixed":
         _take(options, ("theta", "seed"), family)
         seed = options.get("seed", 0)
-        return _Mixed(), lambda i: MixedFrequencies(head_dim, num_heads, 2, theta=options.get("theta", 10.0),
-                                                    seed=None if seed is None else seed + i)
+        return _Mixed(), lambda i, head_dim, num_heads: MixedFrequencies(
+            _rotary_width(head_dim, axes), num_heads, axes, theta=options.get("theta", 10.0),
+            seed=None if seed is None else seed + i)
     if "num_axes" in options:
-        raise ValueError(f"patch_vision_model: `num_axes` is fixed to 2 (row, column) for vision encoders; "
-                         f"drop it from the options of family={family!r}")
+        raise ValueError(f"patch_vision_model: `num_axes` is fixed by the encoder ({axes} for this one: "
+                         f"{'(row, column)' if axes == 2 else '(frame, row, column)'}); drop it from the "
+                         f"options of family={family!r}")
     if "head_dim" in options:
         raise ValueError("patch_vision_model: `head_dim` comes from the encoder; drop it from the options")
     cls = _LEARNED[family]
     rotator = _Grape() if family == "grape" else _Blocks()
     seed = options.pop("seed", 0)
 
-    def build(i: int) -> nn.Module:
+    def build(i: int, head_dim: int, num_heads: int) -> nn.Module:
         kwargs = dict(options, seed=None if seed is None else seed + i)
-        if family == "grape":  # two axes: by default rows take the first half of the planes, columns the rest
+        if family == "grape":  # by default each axis takes an equal run of the planes (rows, then columns)
             kwargs.setdefault("mode", "chunked")
             kwargs.setdefault("base", base)
             if kwargs["mode"] == "chunked" and kwargs.get("sections") is None:
-                rotary = kwargs.get("rotary_dim") or head_dim
-                kwargs["sections"] = [rotary // 4, rotary // 2 - rotary // 4]
+                planes = (kwargs.get("rotary_dim") or head_dim) // 2
+                kwargs["sections"] = [planes // axes] * (axes - 1) + [planes - (axes - 1) * (planes // axes)]
         try:
-            return cls(head_dim, 2, **kwargs)
+            return cls(head_dim, axes, **kwargs)
         except TypeError as e:
             raise ValueError(f"patch_vision_model: bad option for family={family!r}: {e}") from None
 
@@ -245,10 +295,7 @@ def _learned_factory(family: str, options: dict, head_dim: int, num_heads: int, 
 def _rotary_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
     adapter: VisionAdapter = hook.adapter
     coords, like = adapter.coords(hook.owner, **hook.bind(args, kwargs))
-    shape = (coords.shape[0], hook.head_dim)
-    cos = torch.ones(shape, dtype=like.dtype, device=like.device)
-    setattr(cos, COORDS_ATTR, coords)
-    return cos, torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return adapter.identity(coords, like, hook.head_dim)
 
 
 def _permute_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
@@ -261,8 +308,8 @@ def _permute_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
 
 
 def _attention_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
-    embeddings = hook.bind(args, kwargs).get("position_embeddings")
-    coords = getattr(embeddings[0], COORDS_ATTR, None) if isinstance(embeddings, tuple) and embeddings else None
+    adapter: VisionAdapter = hook.adapter
+    coords = adapter.embedded_coords(hook.bind(args, kwargs).get(adapter.embedding_param))
     if coords is None:
         raise ValueError("patch_vision_model: this attention module got position embeddings that do not come "
                          "from the patched rotary; call the patched encoder itself (or unpatch_vision_model)")
@@ -287,13 +334,33 @@ def _proj_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
         if q2 is q and k2 is k:  # rotated in place: out holds the result
             return out
         return torch.stack((q2, k2, v), dim=2).reshape(out.shape)
+    if hook.per_head:  # a q/k norm's output: (B, L, H, D) already
+        return ctx.rotate(out)
     return ctx.rotate(out.reshape(*out.shape[:-1], heads, -1)).reshape(out.shape)
 
 
+def _method_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    """An attention's own rotate method ``(qk (B, H, L, D), positions) -> qk`` ("method" style encoders)."""
+    given = hook.bind(args, kwargs)
+    qk, positions = (given[name] for name in hook.names)
+    ctx: _Context = hook.context
+    ctx.begin(hook.adapter.method_coords(hook.owner, positions))
+    try:
+        return ctx.rotate(qk.transpose(1, 2)).transpose(1, 2)
+    finally:
+        ctx.tables = None
+
+
+def _guard_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
+    """Checks an encoder input the patch cannot place exactly (``adapter.check_input``), then runs the stock."""
+    hook.adapter.check_input(hook.owner, hook.info, **hook.bind(args, kwargs))
+    return hook.call_previous(*args, **kwargs)
+
+
 # what each vision hook handles of the method it replaces (the rotary's own parameters are the adapter's)
-_ATTENTION = Contract(frozenset({"hidden_states", "attention_mask", "position_embeddings", "cu_seqlens", "max_seqlen"}),
-                      required=(("hidden_states",), ("position_embeddings",)), var_keyword=True)
-_PROJECTION = Contract(frozenset({"input"}), required=(("input",),))  # nn.Linear.forward
+_ATTENTION = Contract(frozenset({"hidden_states", "attention_mask", "cu_seqlens", "max_seqlen"}),
+                      var_keyword=True)
+_QK_OUTPUT = Contract(frozenset({"input", "hidden_states"}), required=(("input", "hidden_states"),))  # Linear, norm
 _PERMUTE = Contract(frozenset({"input_tensor", "window_index", "seq_len"}), required=(("input_tensor",),))
 
 
@@ -301,38 +368,64 @@ def _rotary_contract(adapter: VisionAdapter) -> Contract:
     return Contract(frozenset(adapter.rotary_params), required=tuple((p,) for p in adapter.rotary_params))
 
 
+def _attention_contract(adapter: VisionAdapter) -> Contract:
+    known = _ATTENTION.known | {adapter.embedding_param, *adapter.attention_params}
+    return Contract(known, required=(("hidden_states",), (adapter.embedding_param,)), var_keyword=True)
+
+
+def _method_contract(adapter: VisionAdapter) -> Contract:
+    return Contract(frozenset(adapter.method_params), required=tuple((p,) for p in adapter.method_params))
+
+
+def _qk_modules(adapter: VisionAdapter) -> tuple[str, ...]:
+    return ("qkv",) if adapter.fused_qkv else adapter.qk_modules
+
+
 def _check_boundary(rotary: nn.Module, adapter: VisionAdapter, encoder: nn.Module, attentions: list) -> None:
     """Refuse, before anything changes, an encoder whose hooked methods take parameters the hooks do not know."""
     check_version("patch_vision_model")
-    projections = ("qkv",) if adapter.fused_qkv else ("q_proj", "k_proj")
-    checks = [(type(rotary), "forward", _rotary_contract(adapter))]
-    checks += [(t, "forward", _ATTENTION) for t in dict.fromkeys(map(type, attentions))]
-    checks += [(type(getattr(a, p)), "forward", _PROJECTION) for a in attentions[:1] for p in projections]
+    kinds = list(dict.fromkeys(map(type, attentions)))
+    if adapter.style == "method":
+        checks = [(t, adapter.method, _method_contract(adapter)) for t in kinds]
+    else:
+        checks = [(type(rotary), "forward", _rotary_contract(adapter))]
+        checks += [(t, "forward", _attention_contract(adapter)) for t in kinds]
+        checks += [(type(getattr(a, p)), "forward", _QK_OUTPUT) for a in attentions[:1] for p in _qk_modules(adapter)]
     checks += [(type(encoder), m, _PERMUTE) for m in adapter.extra_hooks()]
+    checks += [(type(owner), m, contract) for owner, m, contract, _ in adapter.guards(rotary)]
     check_all(checks)
 
 
 # --------------------------------------------------------------------------------------------------
 # public functions
 
+_SUPPORTED = ("DINOv3 ViT, Pixtral's vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower, V-JEPA 2's encoder and "
+              "predictor, Gemma 4's vision encoder")
+
 
 def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, list[nn.Module]]:
-    """(encoder name, rotary module, adapter, encoder, its attention modules); ValueError if none or several."""
+    """(encoder name, rotary module, adapter, encoder, its attention modules); ValueError if none or several.
+    For "method" style adapters the "rotary" is the encoder module the adapter matched (the outermost one)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch_vision_model: `model` must be a torch nn.Module, got {type(model).__name__}")
     found = []
     for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") or not outer for outer, _, a in found if a.style == "method"):
+            continue  # inside an encoder already found (V-JEPA 2's model holds its encoder and predictor)
         for adapter in VISION_ADAPTERS:
             if adapter.matches(module):
                 found.append((name, module, adapter))
     if not found:
-        raise ValueError(f"patch_vision_model: `model` ({type(model).__name__}) has no supported 2-D vision RoPE; "
-                         f"supported: DINOv3 ViT, Pixtral's vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower")
+        raise ValueError(f"patch_vision_model: `model` ({type(model).__name__}) has no supported vision RoPE; "
+                         f"supported: {_SUPPORTED}")
     if len(found) > 1:
         raise ValueError(f"patch_vision_model: `model` holds {len(found)} vision encoders "
                          f"({', '.join(n or '<root>' for n, _, _ in found)}); patch each one as its own module")
     name, rotary, adapter = found[0]
-    encoder = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    if adapter.style == "method":
+        encoder = rotary
+    else:
+        encoder = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
     attentions = [m for m in encoder.modules() if type(m).__name__ in adapter.attention_classes]
     if not attentions:
         raise ValueError(f"patch_vision_model: found the rotary {name!r} but no {adapter.attention_classes} "
@@ -342,49 +435,66 @@ def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, l
 
 def is_vision_patched(model: nn.Module) -> bool:
     """Whether ``model`` (or the vision tower inside it) carries a ropekit vision patch."""
-    return any(isinstance(m.__dict__.get("forward"), hooks.Hook) and getattr(m.__dict__["forward"], "vision", False)
-               for m in model.modules())
+    return any(isinstance(value, hooks.Hook) and getattr(value, "vision", False)
+               for m in model.modules() for value in m.__dict__.values())
 
 
 def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool = False, **options: Any) -> nn.Module:
-    """Replace the 2-D RoPE of ``model``'s vision encoder with a ropekit family (module docstring); returns
+    """Replace the RoPE of ``model``'s vision encoder with a ropekit family (module docstring); returns
     ``model``. Patching a patched model replaces the previous patch. Options are the family's (see the
-    module docstring); ``shared=True`` gives learned families one module for all layers instead of one each.
+    module docstring); ``shared=True`` gives learned families one module for all layers (of one head size)
+    instead of one each.
     """
     key = _check_family(family)
     if not isinstance(shared, bool):
         raise TypeError(f"patch_vision_model: `shared` must be True or False, got {shared!r}")
     _, rotary, adapter, encoder, attentions = _find(model)
     _check_boundary(rotary, adapter, encoder, attentions)
-    head_dim, num_heads = adapter.head_dim(attentions[0]), adapter.num_heads(attentions[0])
-    options = dict(options)
+    sizes = [(adapter.head_dim(a), adapter.num_heads(a)) for a in attentions]
+    rotators: dict = {}
     if key in ("axial", "directional", "geope"):
         if shared:
             raise ValueError(f"patch_vision_model: `shared` applies to learned families; family={family!r} "
                              f"has no parameters and is shared already")
-        rotator, build = _shared_rotator(key, options, adapter, rotary, head_dim), None
+        for head_dim, _ in dict.fromkeys(sizes):  # bad options fail here, before anything is hooked
+            rotators[head_dim] = _shared_rotator(key, dict(options), adapter, rotary, head_dim)
+        build = None
     else:
-        rotator, build = _learned_factory(key, options, head_dim, num_heads, adapter.base(rotary))
-        build(0)  # bad options fail here, before anything is hooked
+        rotator, build = _learned_factory(key, dict(options), adapter.num_axes, adapter.base(rotary))
+        for size in dict.fromkeys(sizes):
+            build(0, *size)  # bad options fail here, before anything is hooked
     unpatch_vision_model(model)
     param = next(iter(encoder.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
-    one = build(0).to(device) if build is not None and shared else None
-    for i, attn in enumerate(attentions):
+    shared_modules: dict = {}
+    for i, (attn, (head_dim, num_heads)) in enumerate(zip(attentions, sizes)):
         module = None
         if build is not None:
-            module = one if shared else build(i).to(device)
+            if shared:
+                if (head_dim, num_heads) not in shared_modules:
+                    shared_modules[head_dim, num_heads] = build(0, head_dim, num_heads).to(device)
+                module = shared_modules[head_dim, num_heads]
+            else:
+                module = build(i, head_dim, num_heads).to(device)
             setattr(attn, _ROTARY_ATTR, module)
-        ctx = _Context(rotator, module)
-        hooks.install(attn, "forward", _attention_forward, None, contract=_ATTENTION, context=ctx, vision=True)
-        projections = ("qkv",) if adapter.fused_qkv else ("q_proj", "k_proj")
-        for p in projections:
-            hooks.install(getattr(attn, p), "forward", _proj_forward, None, contract=_PROJECTION, context=ctx,
-                          num_heads=num_heads, fused=adapter.fused_qkv, vision=True)
-    hooks.install(rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter), adapter=adapter,
-                  head_dim=head_dim, vision=True)
+        ctx = _Context(rotators.get(head_dim, rotator if build is not None else None), module, adapter.patches_first)
+        if adapter.style == "method":
+            hooks.install(attn, adapter.method, _method_forward, None, contract=_method_contract(adapter),
+                          context=ctx, adapter=adapter, vision=True)
+            continue
+        hooks.install(attn, "forward", _attention_forward, None, contract=_attention_contract(adapter), context=ctx,
+                      adapter=adapter, vision=True)
+        for p in _qk_modules(adapter):
+            hooks.install(getattr(attn, p), "forward", _proj_forward, None, contract=_QK_OUTPUT, context=ctx,
+                          num_heads=num_heads, fused=adapter.fused_qkv, per_head=adapter.qk_per_head, vision=True)
+    if adapter.style == "rotary":
+        hooks.install(rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter), adapter=adapter,
+                      head_dim=sizes[0][0], vision=True)
     for method in adapter.extra_hooks():
         hooks.install(encoder, method, _permute_forward, None, contract=_PERMUTE, vision=True)
+    for owner, method, contract, info in adapter.guards(rotary):
+        hooks.install(owner, method, _guard_forward, None, contract=contract, adapter=adapter, info=info,
+                      vision=True)
     return model
 
 

@@ -1,0 +1,229 @@
+"""patch_vision_model on more encoders: V-JEPA 2 (3-D), Gemma 4, Llama 4, SAM 3, VideoLLaMA 3, EXAONE 4.5.
+
+The reference is transformers itself: each stock encoder (tiny random config) gives the outputs the
+"axial, stock frequencies" patch must reproduce; the coordinates the other families see are checked against
+``ropekit.positions`` of the patch grid.
+"""
+import re
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.hf import patch_vision_model, unpatch_vision_model
+from ropekit.hf import vision as hf_vision
+
+from test_hf_vision import OTHER_FAMILIES, _out
+
+# one family of each rotation kind (LieRE's block rotation is ComRoPE's, already covered)
+FAMILIES = [("axial", dict(frequencies="axial"))] + [f for f in OTHER_FAMILIES if f[0] not in ("axial", "liere")]
+
+
+def _record(monkeypatch) -> list:
+    """The coordinates each attention call hands the patch's rotation (one entry per call)."""
+    seen, begin = [], hf_vision._Context.begin
+
+    def spy(self, coords):
+        seen.append(coords.clone())
+        return begin(self, coords)
+
+    monkeypatch.setattr(hf_vision._Context, "begin", spy)
+    return seen
+
+
+def _trains(model, run, attentions: int, name: str) -> None:
+    """Every family: one training step reaches the family's own parameters, and eval runs finite."""
+    for family, options in FAMILIES:
+        patch_vision_model(model, family, **options)
+        model.train()
+        model.zero_grad()
+        loss = run(model).square().mean()
+        loss.backward()
+        own = {n: p.grad for n, p in model.named_parameters() if "ropekit_rotary" in n}
+        learned = family in ("mixed", "liere", "comrope", "grape")
+        assert torch.isfinite(loss) and bool(own) == learned, (name, family)
+        assert all(g is not None and g.abs().sum() > 0 for g in own.values()), (name, family)
+        if learned:
+            assert len({n.split(".ropekit_rotary")[0] for n in own}) == attentions, (name, family)
+        with torch.no_grad():
+            assert torch.isfinite(run(model.eval())).all(), (name, family)
+    unpatch_vision_model(model)
+
+
+# ---------------------------------------------------------------------------------------------------
+# V-JEPA 2: (frame, row, column) RoPE in the encoder and the predictor
+
+def _vjepa2(model_cls=None):
+    from transformers import VJEPA2Config, VJEPA2Model
+    cfg = VJEPA2Config(hidden_size=48, num_attention_heads=2, num_hidden_layers=2, mlp_ratio=1.0, crop_size=16,
+                       patch_size=4, frames_per_clip=4, tubelet_size=2, pred_hidden_size=32,
+                       pred_num_attention_heads=2, pred_num_hidden_layers=1, pred_num_mask_tokens=2,
+                       num_pooler_layers=1, pred_zero_init_mask_tokens=False)
+    return (model_cls or VJEPA2Model)(cfg).eval()
+
+
+_CONTEXT = [torch.tensor([[0, 2, 5, 7, 9, 16, 20, 31], [1, 3, 4, 8, 12, 17, 22, 30]])]
+_TARGET = [torch.tensor([[1, 6, 18, 25], [0, 10, 19, 28]])]
+
+
+def _vjepa2_outputs(model, video):
+    full = model(pixel_values_videos=video)
+    masked = model(pixel_values_videos=video, context_mask=_CONTEXT, target_mask=_TARGET)
+    return full.last_hidden_state, full.predictor_output.last_hidden_state, masked.predictor_output.last_hidden_state
+
+
+def test_vjepa2_stock_map_reproduces_encoder_and_predictor_bit_for_bit():
+    """Encoder and predictor, all tokens and per-sample context/target masks (each sample its own positions)."""
+    torch.manual_seed(0)
+    model, video = _vjepa2(), torch.randn(2, 4, 3, 16, 16)
+    stock = _vjepa2_outputs(model, video)
+    patch_vision_model(model, "axial")
+    assert ropekit.hf.vision.is_vision_patched(model)
+    for got, want in zip(_vjepa2_outputs(model, video), stock):
+        assert torch.equal(got, want)
+    patch_vision_model(model, "axial", frequencies="axial")  # a true rotation: other outputs
+    assert not torch.allclose(_vjepa2_outputs(model, video)[0], stock[0], atol=1e-4)
+    unpatch_vision_model(model)
+    assert torch.equal(_vjepa2_outputs(model, video)[1], stock[1])
+
+
+def test_vjepa2_stock_map_is_not_a_rotation():
+    """The fact docs/hf.md states: the stock tables are tiled, so the two channels of a pair turn at different
+    frequencies and the map changes lengths (a rotation would keep them)."""
+    from transformers.models.vjepa2.modeling_vjepa2 import rotate_queries_or_keys
+    x = torch.randn(1, 1, 5, 8, dtype=torch.float64)
+    y = rotate_queries_or_keys(x, torch.arange(5))
+    assert not torch.allclose(y.norm(dim=-1)[..., 1:], x.norm(dim=-1)[..., 1:], rtol=1e-6)
+    # ropekit's axial 3-D rotation of the same head keeps every length
+    from ropekit.rotations.planar import frequency_matrix, angles
+    from ropekit.apply.planar import cos_sin
+    from ropekit.apply.fused import apply_rotary_fused
+    coords = ropekit.positions("V1x1x5", "mrope").double()
+    rotated = apply_rotary_fused(x, *cos_sin(angles(coords, frequency_matrix("axial", 6, 3).double())))
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
+
+
+def test_vjepa2_patches_sit_on_the_video_grid(monkeypatch):
+    """Encoder tokens at ropekit.positions of the (frames/tubelet) x g x g video block; predictor tokens at the
+    positions of the context and target patches they stand for, per sample."""
+    torch.manual_seed(0)
+    model = patch_vision_model(_vjepa2(), "directional")
+    seen = _record(monkeypatch)
+    with torch.no_grad():
+        model(pixel_values_videos=torch.randn(2, 4, 3, 16, 16), context_mask=_CONTEXT, target_mask=_TARGET)
+    grid = ropekit.positions("V2x4x4", "mrope")
+    encoder, predictor = seen[:4], seen[4:]  # 2 layers x (k, q), then 1 layer x (k, q)
+    assert len(seen) == 6 and all(torch.equal(c, grid) for c in encoder)
+    ids = torch.cat((_CONTEXT[0], _TARGET[0]), dim=1).sort(dim=1).values  # the predictor sorts its tokens
+    assert all(torch.equal(c, grid[ids]) for c in predictor)
+
+
+def test_vjepa2_every_family_trains_in_encoder_and_predictor():
+    torch.manual_seed(0)
+    video = torch.randn(2, 4, 3, 16, 16)
+    _trains(_vjepa2(), lambda m: m(pixel_values_videos=video, context_mask=_CONTEXT,
+                                   target_mask=_TARGET).predictor_output.last_hidden_state, 3, "vjepa2")
+
+
+def test_vjepa2_other_input_sizes_are_refused_with_the_stock_fact():
+    """The stock splits token indices by the config's grid: a wider video's patch (row 0, column 4) would sit
+    at (row 1, column 0). The patch refuses such inputs rather than place them wrongly."""
+    torch.manual_seed(0)
+    model = _vjepa2()
+    attention = model.encoder.layer[0].attention
+    frame, row, col = attention.get_position_ids(torch.zeros(1, 2 * 4 * 6, 48))
+    assert (frame[4].item(), row[4].item(), col[4].item()) == (0, 1, 0)
+    patch_vision_model(model, "geope")
+    with pytest.raises(ValueError, match="pixel_values_videos.*16 x 24"):
+        model(pixel_values_videos=torch.randn(1, 4, 3, 16, 24))
+    with torch.no_grad():  # more frames are placed: their frame index grows
+        assert torch.isfinite(model(pixel_values_videos=torch.randn(1, 8, 3, 16, 16)).last_hidden_state).all()
+
+
+def test_vjepa2_classifier_and_a_lone_encoder():
+    """A classifier's V-JEPA 2 model is patched whole; patching the encoder alone leaves the predictor stock."""
+    from transformers import VJEPA2ForVideoClassification
+    torch.manual_seed(0)
+    classifier, video = _vjepa2(VJEPA2ForVideoClassification), torch.randn(1, 4, 3, 16, 16)
+    stock = classifier(pixel_values_videos=video).logits
+    patch_vision_model(classifier, "axial")
+    assert torch.equal(classifier(pixel_values_videos=video).logits, stock)
+    model = _vjepa2()
+    patch_vision_model(model.encoder, "liere")
+    assert ropekit.hf.vision.is_vision_patched(model.encoder)
+    assert not ropekit.hf.vision.is_vision_patched(model.predictor)
+    assert len([n for n, _ in model.named_parameters() if "ropekit_rotary" in n]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gemma 4: per-sample (x, y) patch positions with padding, q/k normalised before they turn
+
+
+def _gemma4():
+    from transformers import Gemma4VisionConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionModel
+    cfg = Gemma4VisionConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=2, head_dim=16, pooling_kernel_size=2, patch_size=2,
+                             position_embedding_size=16)
+    return Gemma4VisionModel(cfg).eval()
+
+
+def _xy(h, w, length):
+    """Gemma 4's (x, y) positions of an h x w image, padded with (-1, -1) to ``length`` patches."""
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    xy = torch.stack((cols.flatten(), rows.flatten()), dim=-1)
+    return torch.cat((xy, torch.full((length - h * w, 2), -1)))
+
+
+def _gemma4_inputs(*grids, length=24):
+    return dict(pixel_values=torch.rand(len(grids), length, 12),
+                pixel_position_ids=torch.stack([_xy(h, w, length) for h, w in grids]))
+
+
+def test_gemma4_stock_map_reproduces_the_encoder_bit_for_bit():
+    """Images of different sizes in one batch (each sample its own grid, the smaller one padded)."""
+    torch.manual_seed(0)
+    model = _gemma4()
+    mixed, same, bigger = _gemma4_inputs((4, 6), (4, 4)), _gemma4_inputs((4, 6), (6, 4)), _gemma4_inputs((6, 8), length=48)
+    stock = [_out(model, x) for x in (mixed, same, bigger)]
+    patch_vision_model(model, "axial")
+    for x, want in zip((mixed, same, bigger), stock):
+        assert torch.equal(_out(model, x), want)
+        with torch.no_grad():
+            assert torch.equal(_out(model, x), want)
+    patch_vision_model(model, "axial", frequencies="axial", base=model.config.rope_parameters["rope_theta"])
+    assert not torch.allclose(_out(model, mixed), stock[0], atol=1e-4)  # the stock layout is its own
+
+
+def test_gemma4_patches_sit_on_the_image_grid(monkeypatch):
+    """(row, column) of each image, as ropekit.positions places an image block; padding stays at (-1, -1)."""
+    torch.manual_seed(0)
+    model = patch_vision_model(_gemma4(), "grape")
+    seen = _record(monkeypatch)
+    with torch.no_grad():
+        _out(model, _gemma4_inputs((4, 6), (4, 4)))
+    assert len(seen) == 2
+    for coords in seen:
+        assert torch.equal(coords[0], ropekit.positions("I4x6", "rope2d"))
+        assert torch.equal(coords[1, :16], ropekit.positions("I4x4", "rope2d"))
+        assert (coords[1, 16:] == -1).all()
+
+
+def test_gemma4_every_family_trains_and_rotates_in_place_alike():
+    torch.manual_seed(0)
+    model, x = _gemma4(), _gemma4_inputs((4, 6), (4, 4))
+    _trains(model, lambda m: _out(m, x), 2, "gemma4")
+    patch_vision_model(model, "directional")
+    functional = _out(model, x).detach()
+    with torch.no_grad():
+        assert torch.equal(_out(model, x), functional)
+    table = model.patch_embedder.position_embedding_table  # the learned x/y table stays the model's
+    assert table.requires_grad and "ropekit" not in repr(type(table))
+
+
+def test_refusals_name_the_argument():
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=re.escape("num_axes") + ".*3"):
+        patch_vision_model(_vjepa2(), "liere", num_axes=2)
+    with pytest.raises(ValueError, match="linear-geope"):
+        patch_vision_model(_gemma4(), "linear-geope")
