@@ -243,8 +243,9 @@ def _unpatched_after(request):
 
 
 def _text_model(model):
-    inner = model.model
-    return getattr(inner, "language_model", None) or inner.text_model
+    inner = getattr(model, "model", model)  # Llama 4's generation model is its multimodal model
+    text = getattr(inner, "language_model", None) or inner.text_model
+    return text if hasattr(text, "layers") else text.model  # Llama 4: a causal LM around the text model
 
 
 def _logits(model, inputs):
@@ -258,7 +259,7 @@ def _encoded(model, inputs):
     encoder_args = {k: out.pop(k) for k in ("pixel_values", "image_sizes", "pixel_attention_mask") if k in out}
     encoder_args.update({k: out[k] for k in ("image_position_ids",) if k in out})  # Gemma 4: the forward reads them too
     with torch.no_grad():
-        encoded = model.model.get_image_features(**encoder_args, return_dict=True)
+        encoded = getattr(model, "model", model).get_image_features(**encoder_args, return_dict=True)
     return dict(out, mm_encoder_outputs={"image": encoded})
 
 

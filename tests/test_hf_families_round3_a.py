@@ -18,7 +18,7 @@ from test_hf_llava import reference_positions
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model, supported_models
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
-    IMG, TEXT, VISION, Family, _logits, _seeded, test_cached_generation_equals_a_teacher_forced_forward,
+    IMG, TEXT, VISION, Family, S, _layer_masks, _logits, _row_major, _seeded, _windows, test_cached_generation_equals_a_teacher_forced_forward,
     test_checkpointed_training_step, test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
     test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
 
@@ -70,19 +70,73 @@ def _gemma4_pixels(images, per_sample, g):  # each image's 2 x 2 windows of patc
             "image_position_ids": torch.stack([_patch_positions(2 * r, 2 * c) for r, c in images])}
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4: tiles pixel-shuffled by 2 (a thumbnail after split images); a complex rotary table with llama3 scaling;
+# layer 0 chunked attention (chunks of 4 tokens) with RoPE, layer 1 full attention without RoPE (NoPE)
+
+
+def _llama4():
+    return _model_class("Llama4ForConditionalGeneration")(T.Llama4Config(
+        text_config=dict(TEXT, head_dim=16, intermediate_size_mlp=48, num_local_experts=2, moe_layers=[],
+                         no_rope_layers=[1, 0], attention_chunk_size=4, pad_token_id=0,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8}),
+        vision_config=dict(VISION, intermediate_size=64, vision_output_dim=16, projector_input_dim=16,
+                           projector_output_dim=16, pixel_shuffle_ratio=0.5),
+        image_token_id=IMG))
+
+
+def _llama4_image(rows_cols):  # <|image_start|>, tiles (row by row, separators), <|image|>, the whole image, <|image_end|>
+    rows, cols = rows_cols
+    ids, lay = [61], [Text(1)]
+    if rows * cols > 1:
+        for _ in range(rows):
+            for c in range(cols):
+                ids, lay = ids + [IMG] * S * S, lay + [Image(S, S)]
+                if c < cols - 1:
+                    ids, lay = ids + [63], lay + [Text(1)]  # <|tile_x_separator|>
+            ids, lay = ids + [64], lay + [Text(1)]  # <|tile_y_separator|>
+    ids, lay = ids + [65] + [IMG] * S * S + [62], lay + [Text(1), Image(S, S), Text(1)]
+    return ids, lay, rows * cols + (rows * cols > 1)
+
+
+def _tiles(images, per_sample, g):  # one pixel row per tile
+    return {"pixel_values": torch.randn(sum(images), 3, 8, 8, generator=g)}
+
+
+def _stock_forward_fails(model):
+    """Why the stock model cannot run a forward in this transformers release, or None. transformers 5.24's
+    Llama4ForConditionalGeneration.forward reads ``image_outputs`` off its language model's output, which has none,
+    so every call fails before (and without) any position is read."""
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2]]))
+    except AttributeError as e:
+        return f"transformers {T.__version__}'s {type(model).__name__}.forward fails on every call: {e}"
+    return None
+
+
 ROUND3 = {
     "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
                                               [("T", 2), ("I", (3, 2)), ("T", 3)]],
                      pixels=_gemma4_pixels, token_types="mm_token_type_ids"),
+    "llama4": Family(_llama4, _llama4_image, [[("T", 3), ("I", (1, 2)), ("T", 2)], [("T", 2), ("I", (1, 1)), ("T", 1),
+                                                                                   ("I", (1, 1)), ("T", 2)]],
+                     pixels=_tiles),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
+base.UNPACKED.add("llama4")  # chunked attention: transformers cuts a packed row into chunks by token index
 
 
 @pytest.fixture(scope="module", params=list(ROUND3))
 def fam(request):
     """(family name, a stock model); the model is unpatched after every test."""
     model = _seeded(ROUND3[request.param].build)
+    broken = _stock_forward_fails(model)
+    if broken:
+        pytest.skip(broken)
     yield request.param, model
     restore(model)
 
@@ -186,4 +240,46 @@ def test_gemma4_video_frames_are_blocks_of_their_own():
     want = reference_positions(inputs, [layout], "circle")
     for pos in last_positions(model).values():
         assert torch.equal(pos, want)
+    restore(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4 specifics
+
+
+def test_llama4_tokens_hold_the_patches_of_their_grid_cell():
+    """Marker features through the model's own pixel shuffle: token k of a tile holds the 2 x 2 patch window at row
+    k // S, column k % S, the grid ropekit places."""
+    _model_class("Llama4ForConditionalGeneration")
+    from transformers.models.llama4.modeling_llama4 import pixel_shuffle
+
+    side = 4
+    marks = torch.arange(side * side, dtype=torch.float32).view(1, side * side, 1)  # patch (r, c) carries r*side + c
+    assert _windows(pixel_shuffle(marks, 0.5).reshape(-1, 4), side) == _row_major(S, 2)
+
+
+def test_llama4_chunked_and_nope_layers_stay_stock():
+    """Under a multimodal design (AGE) the chunked-attention layer gets exactly the stock chunked mask (a token
+    never sees the previous chunk) and the RoPE-free layer the stock causal mask; the RoPE-free layer's attention
+    takes no positions, so its output for the same input is the stock one."""
+    model = _seeded(_llama4)
+    broken = _stock_forward_fails(model)
+    if broken:
+        pytest.skip(broken)
+    inputs, _ = base.make_batch("llama4", pad="right")
+    stock = _layer_masks(model, inputs)
+    nope = model.language_model.model.layers[1].self_attn
+    assert model.config.text_config.layer_types == ["chunked_attention", "full_attention"] and not nope.use_rope
+    patch_model(model, "circle", age="alternate")
+    got = _layer_masks(model, inputs)
+    for i in stock:
+        assert torch.equal(got[i], stock[i]), i
+    chunked = got[0]
+    assert chunked.dtype == torch.bool and bool(chunked[0, 0, 5, 4]) and not bool(chunked[0, 0, 4, 3])
+    g = torch.Generator().manual_seed(2)
+    hidden, theta = torch.randn(2, 6, TEXT["hidden_size"], generator=g), torch.randn(2, 6, 8, generator=g)
+    with torch.no_grad():  # any table (here random angles, or none: all ones) gives the same output
+        want = nope(hidden, position_embeddings=torch.ones_like(torch.polar(theta, theta)), attention_mask=None)[0]
+        got = nope(hidden, position_embeddings=torch.polar(torch.ones_like(theta), theta), attention_mask=None)[0]
+    assert torch.equal(got, want)
     restore(model)

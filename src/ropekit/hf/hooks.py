@@ -468,7 +468,10 @@ def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length:
     makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
     unknown = kinds - set(makers)
     if unknown:
-        raise ValueError(f"patched model: packed rows with attention layer types {sorted(unknown)} are not supported")
+        raise ValueError(
+            f"patched model: packed rows are not supported with attention layer types {sorted(unknown)}"
+            + (" (chunked attention cuts a row into chunks by token index, so a packed sample would see other chunks "
+               "than it sees alone)" if "chunked_attention" in unknown else "") + "; give padded batches")
     return {kind: makers[kind](**common) for kind in kinds}
 
 
@@ -498,11 +501,15 @@ def _geometry_rows(state: st._State, position_ids: torch.Tensor, batch: int, len
 def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optional[str] = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 cos/sin ``(B, L, D)`` of geometry ``name`` at positions ``pos (A, B, L)`` with the frequencies of
-    rotary table ``key`` (None: the model's one table), in the model's layout."""
+    rotary table ``key`` (None: the model's one table), in the model's layout; on a model with complex tables
+    (``state.complex_tables``) ``(e^{i theta} (B, L, D/2), None)``."""
     pos = pos.to(device, torch.float32)
     W = st.frequencies(state, name, pos, key)
     factor = st.rotary(state, key)[1]
-    c, s = cos_sin(angles(pos.permute(1, 2, 0), W.to(device)))
+    theta = angles(pos.permute(1, 2, 0), W.to(device))
+    if state.complex_tables:  # one e^{i theta} per pair (Llama 4 multiplies channels 2j, 2j + 1 as complex numbers)
+        return torch.polar(torch.ones_like(theta), theta) * factor, None
+    c, s = cos_sin(theta)
     if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL, Cohere)
         return c.repeat_interleave(2, dim=-1) * factor, s.repeat_interleave(2, dim=-1) * factor
     # rotate-half tables: pair j on channels j and j + R/2, so each half repeats the pair's value
@@ -514,7 +521,8 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
 
     One geometry: ``(cos, sin)`` as the stock rotary returns them. Several (AGE): every geometry's tables side by
     side on the last dimension, in the order of the position tensor's blocks; each decoder layer takes its own
-    (:func:`layer_forward`). Plain tensors in a plain tuple, so wrappers that rebuild or cast the layers' arguments
+    (:func:`layer_forward`); a model whose rotary returns complex tables (Llama 4) gets one complex tensor. Plain
+    tensors in a plain tuple, so wrappers that rebuild or cast the layers' arguments
     (FSDP2 mixed precision, activation checkpointing) carry them whole.
     """
     given = hook.bind(args, kwargs)
@@ -531,8 +539,16 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     with torch.no_grad():
         for name in st.rotary(state, key)[0]:
             c, s = _tables(state, name, pos[name], x.device, key)
+            if s is None:  # complex tables, as the stock rotary returns them
+                cos.append(c)
+                continue
             cos.append(c if state.float32_tables else c.to(x.dtype))
             sin.append(s if state.float32_tables else s.to(x.dtype))
+    if not sin:  # complex tables, laid out in memory as the stock rotary lays out its own (which differs between
+        # releases): the attention's complex product rounds by its kernel, which follows the layout
+        table = cos[0] if len(cos) == 1 else torch.cat(cos, dim=-1)
+        stock = hook.call_previous(x, position_ids=torch.zeros(batch, length, dtype=torch.long, device=x.device))
+        return torch.empty_like(stock).copy_(table) if stock.shape == table.shape else table
     if len(cos) == 1:
         return cos[0], sin[0]
     return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
@@ -550,7 +566,10 @@ def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     the text row as its 1-D ``position_ids`` (what flash attention reads packed rows off)."""
     given = hook.bind(args, kwargs)
     emb = given.get("position_embeddings")
-    if emb is not None and hook.blocks > 1:
+    if isinstance(emb, torch.Tensor) and hook.blocks > 1:  # one complex table (Llama 4)
+        width = emb.shape[-1] // hook.blocks
+        given["position_embeddings"] = emb[..., hook.block * width:(hook.block + 1) * width]
+    elif emb is not None and hook.blocks > 1:
         cos, sin = emb
         width = cos.shape[-1] // hook.blocks
         at = hook.block * width

@@ -435,6 +435,7 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         temporal_merge=adapter.temporal_merge(vcfg),
         layout=adapter.table_layout(text),
         float32_tables=adapter.float32_tables,
+        complex_tables=adapter.complex_tables,
         image_token_id=getattr(inner.config, "image_token_id", None),
         video_token_id=getattr(inner.config, "video_token_id", None),
         audio_token_id=getattr(inner.config, "audio_token_id", None),

@@ -73,6 +73,7 @@ class _State:
     temporal_merge: int = 1  # video grid steps per token step (ERNIE-4.5-VL's temporal_merge_size)
     layout: str = "half"  # the model's cos/sin layout of a frequency pair (Adapter.pair_layout)
     float32_tables: bool = False  # hand the layers float32 cos/sin whatever the activations' dtype
+    complex_tables: bool = False  # the rotary returns e^{i theta} per pair (Adapter.complex_tables)
     vision_ids: dict = field(default_factory=dict)  # device -> tensor of the image/video token ids
     #: a record for inspection (:func:`ropekit.hf.last_positions`): each geometry's positions in the last eager
     #: forward; written by the rotary, never read by a forward

@@ -11,6 +11,7 @@ from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .glm_ocr import GlmOcr
 from .idefics3 import Idefics3
 from .internvl import InternVL
+from .llama4 import Llama4
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
@@ -35,7 +36,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(),
-    Gemma4(),
+    Gemma4(), Llama4(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

@@ -65,6 +65,9 @@ class Adapter:
     pair_layout: str = "half"
     #: the model hands its attention float32 cos/sin whatever the activations' dtype (it rotates in float32)
     float32_tables: bool = False
+    #: the model's rotary returns one complex tensor ``e^{i theta}`` per frequency pair, which its attention
+    #: multiplies with channels (2j, 2j + 1) read as complex numbers (Llama 4), not a (cos, sin) pair
+    complex_tables: bool = False
     #: input_ids tell video tokens from image tokens (GLM-4V writes video frames with the image token id)
     video_ids_distinct: bool = True
     #: parameters of the multimodal forwards beyond the common ones (what generate may hand on), and of the
