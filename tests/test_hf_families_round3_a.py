@@ -1,5 +1,6 @@
 """ropekit designs inside more 1-D families placed like LLaVA (every image, tile or frame a grid of its own): Gemma 4
-(tiny random models built from their configs), and the facts behind the families ropekit refuses.
+and Llama 4 (tiny random models built from their configs), and the facts behind the families ropekit refuses
+(Idefics2).
 
 The matrix is tests/test_hf_families_1d.py's, run on these families: its tests are collected here too, on this
 module's ``fam`` fixture, with these families added to its table. References: the stock transformers model with the
@@ -16,11 +17,12 @@ import transformers as T
 
 import test_hf_families_1d as base
 from hf_compat import restore
-from test_hf_llava import reference_positions
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model, supported_models
+from test_hf_llava import reference_positions
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
-    IMG, TEXT, VISION, Family, S, _layer_masks, _logits, _row_major, _seeded, _windows, test_cached_generation_equals_a_teacher_forced_forward,
+    IMG, TEXT, VISION, Family, S, _layer_masks, _logits, _row_major, _seeded, _windows,
+    test_cached_generation_equals_a_teacher_forced_forward,
     test_checkpointed_training_step, test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
     test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
 
@@ -89,7 +91,7 @@ def _llama4():
         image_token_id=IMG))
 
 
-def _llama4_image(rows_cols):  # <|image_start|>, tiles (row by row, separators), <|image|>, the whole image, <|image_end|>
+def _llama4_image(rows_cols):  # <|image_start|>, tiles row by row (separators), <|image|>, whole image, <|image_end|>
     rows, cols = rows_cols
     ids, lay = [61], [Text(1)]
     if rows * cols > 1:
@@ -287,3 +289,50 @@ def test_llama4_chunked_and_nope_layers_stay_stock():
         got = nope(hidden, position_embeddings=torch.polar(torch.ones_like(theta), theta), attention_mask=None)[0]
     assert torch.equal(got, want)
     restore(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# families refused (docs/hf.md, "Families ropekit refuses"): the refusal, and the facts it rests on, on the stock
+# transformers models
+
+
+def _idefics2():
+    return _model_class("Idefics2ForConditionalGeneration")(T.Idefics2Config(
+        vision_config=VISION, text_config=dict(TEXT, model_type="mistral"), image_token_id=IMG,
+        perceiver_config=dict(hidden_size=TEXT["hidden_size"], resampler_n_latents=S * S, resampler_depth=1,
+                              resampler_n_heads=2, resampler_head_dim=8, num_key_value_heads=1)))
+
+
+REFUSED = {"idefics2": _idefics2}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_families_say_why_and_list_the_supported_ones(name):
+    model = _seeded(REFUSED[name])
+    assert name not in supported_models()
+    for target in (model, model.model):
+        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
+            patch_model(target, "vanilla")
+        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
+        assert not is_patched(target)
+    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+
+
+def test_idefics2_image_tokens_are_resampler_latents_with_no_grid_cell():
+    """Why Idefics2 is refused: the perceiver's latents attend to every patch without positions, so permuting the
+    tower's patch features leaves every image token as it was (no token holds a patch window), and images of 16 and
+    of 64 patches fill the same S * S tokens."""
+    model = _seeded(_idefics2)
+    connector = model.model.connector
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        connector.perceiver_resampler.latents.copy_(torch.randn(S * S, TEXT["hidden_size"], generator=g))
+        tokens = {}
+        for n in (16, 64):
+            patches = torch.randn(1, n, VISION["hidden_size"], generator=g)
+            keep = torch.ones(1, n, dtype=torch.bool)
+            tokens[n] = connector(patches, attention_mask=keep)
+            shuffled = connector(patches[:, torch.randperm(n, generator=g)], attention_mask=keep)
+            torch.testing.assert_close(shuffled, tokens[n], rtol=1e-5, atol=1e-6)
+    assert tokens[16].shape[1] == tokens[64].shape[1] == S * S
+    assert not torch.allclose(tokens[16][0, 0], tokens[16][0, 1])  # distinct tokens, not one copied

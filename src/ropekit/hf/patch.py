@@ -225,7 +225,8 @@ def _geometry(
 
 def _proportional(alloc: str, head_dim: int, num_axes: int, base: float, sections: Optional[list], rotated: int
                   ) -> torch.Tensor:
-    """:func:`_geometry`'s frequency matrix on a proportional-RoPE table (``rotated`` of ``head_dim / 2`` pairs turn)."""
+    """:func:`_geometry`'s frequency matrix on a proportional-RoPE table (``rotated`` of the ``head_dim / 2`` pairs
+    turn)."""
     half = head_dim // 2
     if alloc == "1d":  # the model's own table: the spectrum over the head, zero past the rotated pairs
         return frequency_matrix("proportional", head_dim, 1, base=base, sections=[rotated, half - rotated])

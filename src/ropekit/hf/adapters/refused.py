@@ -28,4 +28,10 @@ REFUSED: dict[str, str] = {
         "token summarizes the whole image (the same tokens for any order of the patches) and has no row or "
         "column; a 2-D or 3-D design would invent one, and placed as text every design is 1-D RoPE"
     ),
+    "idefics2": (
+        "Idefics2's image tokens are no grid: its perceiver resampler's learned latents (resampler_n_latents, 64 "
+        "per image or crop) cross-attend to all of the vision tower's patches with no position of their own, so "
+        "each token summarizes the whole image (the same tokens for any order of the patches) and has no row or "
+        "column; a 2-D or 3-D design would invent one, and placed as text every design is 1-D RoPE"
+    ),
 }
