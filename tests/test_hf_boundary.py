@@ -55,7 +55,7 @@ BUILDERS = {
     **FAMILY_BUILDERS,  # qwen3_vl_moe, qwen3_5_moe, glm4v, glm4v_moe, glm46v, glm_ocr, ernie4_5_vl_moe, paddleocr_vl
     **FAMILY_1D_BUILDERS,  # internvl, gemma3, idefics3, smolvlm, mistral3, paligemma, aya_vision
     **OMNI_BUILDERS,  # qwen2_5_omni_thinker, qwen3_omni_moe_thinker
-    **ROUND3_BUILDERS,  # qwen4_exp, cosmos3_edge, cosmos3_omni, cohere_compass, ...
+    **ROUND3_BUILDERS,  # qwen4_exp, cosmos3_edge, cosmos3_omni, cohere_compass, hy_v4_vl, ...
 }
 
 

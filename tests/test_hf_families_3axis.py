@@ -109,6 +109,7 @@ class Family:
     videos: Optional[str]  # "frames": one block per frame, a timestamp between; "block": one block; None: no videos
     video_id: int = VID  # the id video tokens carry in input_ids (GLM: the image token's)
     temporal_merge: int = 1  # grid t per token step (ERNIE's resampler merges 2)
+    newline: int = 0  # tokens closing every merged row, placed as the grid's last columns (HY-V4-VL: 1)
 
 
 FAMILIES = {
@@ -169,22 +170,24 @@ def make_batch(family: Family, samples, seed=0):
                 lay.append(Text(s[1]))
             elif s[0] == "I":
                 img.append(s[1:])
-                add(IMG, 1, s[1] * s[2] // 4)
-                lay.append(Image(s[1] // 2, s[2] // 2))
+                gh, gw = s[1] // 2, s[2] // 2 + family.newline
+                add(IMG, 1, gh * gw)
+                lay.append(Image(gh, gw))
             else:
                 t, h, w = s[1:]
                 vid.append(s[1:])
+                gh, gw = h // 2, w // 2 + family.newline
                 if family.videos == "frames":  # each frame a block of its own, its timestamp (text) between
                     for f in range(t):
-                        if f:
+                        if f and not family.newline:  # HY-V4-VL writes the frames back to back
                             add(None, 0, 1)
                             lay.append(Text(1))
-                        add(family.video_id, 2, h * w // 4)
-                        lay.append(Video(1, h // 2, w // 2, 1.0))
+                        add(family.video_id, 2, gh * gw)
+                        lay.append(Video(1, gh, gw, 1.0))
                 else:
                     steps = t // family.temporal_merge
-                    add(family.video_id, 2, steps * h * w // 4)
-                    lay.append(Video(steps, h // 2, w // 2, 1.0))
+                    add(family.video_id, 2, steps * gh * gw)
+                    lay.append(Video(steps, gh, gw, 1.0))
         rows.append(ids)
         types.append(tt)
         layouts.append(lay)

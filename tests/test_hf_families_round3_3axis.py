@@ -68,12 +68,29 @@ def _cohere_compass(rope_full=dict(QWEN3_ROPE, rope_theta=1e4)):
         vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
 
 
+def _hy_v4_vl(topk=64):
+    # latent attention (rope on 8 of each head's channels: 4 pairs, time 2, height 1, width 1), a sparse indexer
+    # keeping the top ``topk`` keys per query, hyper-connections and a MoE layer; a HunYuan-VL tower on 2 x 2-pixel
+    # patches with a newline token closing every merged row
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+    return T.HYV4VLForConditionalGeneration(T.HYV4VLConfig(
+        text_config=dict(TEXT, num_key_value_heads=2, rope_parameters=rope, q_lora_rank=16, kv_lora_rank=16,
+                         qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, index_topk=topk, index_head_dim=16,
+                         index_n_heads=2, hc_mult=2, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=16, mlp_layer_types=["dense", "sparse"],
+                         indexer_types=["full", "shared"], pad_token_id=PAD, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=2, spatial_merge_size=2, out_hidden_size=32, max_image_size=16),
+        image_token_id=IMG, video_token_id=VID))
+
+
 #: (builder, the transformers class it needs)
 FAMILIES = {
     "qwen4_exp": (Family(_qwen4_exp, (24,), "frames"), "Qwen4ExpForConditionalGeneration"),
     "cosmos3_edge": (Family(_cosmos3_edge, (12,), "frames"), "Cosmos3EdgeForConditionalGeneration"),
     "cosmos3_omni": (Family(_cosmos3_omni, (24,), "frames"), "Cosmos3OmniForConditionalGeneration"),
     "cohere_compass": (Family(_cohere_compass, (24,), "frames"), "CohereCompassForConditionalGeneration"),
+    "hy_v4_vl": (Family(_hy_v4_vl, (12,), "frames", newline=1), "HYV4VLForConditionalGeneration"),
 }
 
 
@@ -172,3 +189,23 @@ def test_cohere_compass_layers_without_positions_stay_without():
     with pytest.raises(ValueError, match="different mrope_section"):  # one position tensor serves every layer
         patch_model(other, "circle")
     assert not is_patched(other)
+
+
+def test_hy_v4_vl_sparse_indexer_is_stock_with_the_stock_positions():
+    """HY-V4-VL's indexer rotates its own queries and keys with the layer's cos/sin and keeps the top 4 keys per
+    query: with the stock-equivalent patch its choice and the logits are the stock model's, bit for bit, on images
+    and videos (each merged row closed by its newline token). (The matrix keeps every key: a top-k choice between
+    near-equal scores flips on float noise, so cached steps and a teacher-forced forward of the same weights may
+    pick differently, the stock model's too.)"""
+    if _missing("hy_v4_vl"):
+        pytest.skip(_missing("hy_v4_vl"))
+    from test_hf_families_3axis import IMAGES, VIDEOS, make_batch
+    family = FAMILIES["hy_v4_vl"][0]
+    model = _seeded(lambda: _hy_v4_vl(topk=4))
+    batches = [make_batch(family, IMAGES)[0], make_batch(family, VIDEOS, seed=1)[0]]
+    with torch.no_grad():
+        want = [model(**b).logits for b in batches]
+        patch_model(model, "mrope", continuation="spatial")
+        for b, logits in zip(batches, want):
+            keep = b["attention_mask"].bool()
+            assert torch.equal(model(**b).logits[keep], logits[keep])

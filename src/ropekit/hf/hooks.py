@@ -465,7 +465,9 @@ def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length:
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds == {"full_attention"}:
         return create_causal_mask(**common)
-    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    # indexed (sparse) attention layers pick their keys among those a causal mask allows (HY-V4-VL, Qwen4-Exp)
+    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask,
+              "indexed_attention": create_causal_mask}
     unknown = kinds - set(makers)
     if unknown:
         raise ValueError(

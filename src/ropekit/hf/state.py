@@ -159,8 +159,10 @@ def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
             out.append(g)
             continue
         g = torch.as_tensor(g)
-        tokens = g.prod(dim=1) // (state.merge ** 2) if kind == 1 else state.adapter.video_tokens(
-            g, state.merge, state.temporal_merge)
+        placed = g if not state.adapter.newline_column else state.adapter.placed_grids(
+            g, None, state.merge)[0]  # a newline token per merged row counts too
+        tokens = placed.prod(dim=1) // (state.merge ** 2) if kind == 1 else state.adapter.video_tokens(
+            placed, state.merge, state.temporal_merge)
         visible = int((is_kind & (mask != 0)).sum())
         used = int((tokens.cumsum(0) <= visible).sum())
         out.append(g[:used])
@@ -182,7 +184,8 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
     ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
     ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
     image_grid_thw, video_grid_thw, seconds = prompt.grids
-    video_grid_thw = state.adapter.video_grids(video_grid_thw, state.temporal_merge)
+    image_grid_thw, video_grid_thw = state.adapter.placed_grids(image_grid_thw, video_grid_thw, state.merge,
+                                                                state.temporal_merge)
     timing = {}
     if state.tokens_per_second is not None:
         timing = dict(tokens_per_second=state.tokens_per_second, second_per_grid_ts=seconds)
@@ -208,7 +211,7 @@ def _interleaved_layouts(state: _State, prompt: _Prompt, extra: int) -> list:
         raise ValueError(f"patched model: {state.adapter.name} defines no interleaving of a video's audio track")
     order, chunk = state.interleave
     images, videos, seconds = prompt.grids
-    videos = state.adapter.video_grids(videos, state.temporal_merge)
+    images, videos = state.adapter.placed_grids(images, videos, state.merge, state.temporal_merge)
     image_rows = iter([] if images is None else torch.as_tensor(images).tolist())
     video_rows = iter([] if videos is None else torch.as_tensor(videos).tolist())
     second_rows = iter([] if seconds is None else torch.as_tensor(seconds).double().reshape(-1).tolist())

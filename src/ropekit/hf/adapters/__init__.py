@@ -9,6 +9,7 @@ from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
 from .glm_ocr import GlmOcr
+from .hy_v4_vl import HYV4VL
 from .idefics3 import Idefics3
 from .internvl import InternVL
 from .llama4 import Llama4
@@ -37,6 +38,6 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(),
     Gemma4(), Llama4(),
-    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass())}
+    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

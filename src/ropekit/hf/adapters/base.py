@@ -100,6 +100,10 @@ class Adapter:
     #: patched one returns integers where every position is whole, float32 otherwise
     integer_positions: bool = True
 
+    #: every merged row of an image or video frame ends with one extra (newline) token, which the family's position
+    #: code places as the grid's last column (HY-V4-VL)
+    newline_column: bool = False
+
     #: the oldest transformers release whose layout of this family the adapter knows, and what changed
     #: there (``(version, reason)``); older releases are refused at patch time. None: the project's floor
     oldest_transformers: Optional[tuple] = None
@@ -174,6 +178,22 @@ class Adapter:
         g = torch.as_tensor(video_grid_thw).clone()
         g[:, 0] //= temporal_merge
         return g
+
+    def placed_grids(self, image_grid_thw: Any, video_grid_thw: Any, merge: int, temporal_merge: int = 1
+                     ) -> tuple[Any, Any]:
+        """The image and video patch grids ropekit places: :meth:`video_grids` of the videos, and, where every
+        merged row ends in a newline token (:attr:`newline_column`), each grid one merged column wider (the
+        newline placed as the grid's last column)."""
+        videos = self.video_grids(video_grid_thw, temporal_merge)
+        if not self.newline_column:
+            return image_grid_thw, videos
+        out = []
+        for g in (image_grid_thw, videos):
+            if g is not None:
+                g = torch.as_tensor(g).clone()
+                g[:, 2] += merge
+            out.append(g)
+        return out[0], out[1]
 
     def video_tokens(self, video_grid_thw: torch.Tensor, merge: int, temporal_merge: int = 1) -> torch.Tensor:
         """Tokens each video (a row of ``video_grid_thw``) fills in the language model."""
