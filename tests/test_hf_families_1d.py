@@ -142,6 +142,7 @@ class Family:
     #: the image inputs of a batch: (what each image needs, per sample its images' needs summed, generator) ->
     #: dict; None: the families below, built by name in make_batch
     pixels: Callable = None
+    counts_padding: bool = False  # the stock model counts a row's leading padding (EXAONE 4.5): token i at i
     #: the forward's token-type argument, filled as the processor fills it (1 on image tokens), or None
     token_types: str = None
 
@@ -219,7 +220,12 @@ def expected(name, inputs, layouts, design, extra=0, **options):
     first position."""
     if extra:
         layouts = [Layout(list(lay.segments) + [Text(extra)]) for lay in layouts]
-    return reference_positions(inputs, layouts, design, **options) + FAMILIES[name].origin
+    out = reference_positions(inputs, layouts, design, **options) + FAMILIES[name].origin
+    if FAMILIES[name].counts_padding:  # each row shifted by its leading padding, as the stock model counts it
+        mask = inputs["attention_mask"]
+        leading = (mask.cumsum(-1) == 0).sum(-1)
+        out = torch.where(mask.bool()[None], out + leading[None, :, None], out)
+    return out
 
 
 def _seeded(build):
@@ -257,10 +263,15 @@ def _encoded(model, inputs):
     """``inputs`` with the images encoded once (``mm_encoder_outputs``, as ``generate`` passes them)."""
     out = dict(inputs)
     encoder_args = {k: out.pop(k) for k in ("pixel_values", "image_sizes", "pixel_attention_mask") if k in out}
-    encoder_args.update({k: out[k] for k in ("image_position_ids",) if k in out})  # Gemma 4: the forward reads them too
+    # kept for the forward too: Gemma 4's image_position_ids, EXAONE 4.5's image_grid_thw
+    encoder_args.update({k: out[k] for k in ("image_position_ids", "image_grid_thw") if k in out})
     with torch.no_grad():
-        encoded = getattr(model, "model", model).get_image_features(**encoder_args, return_dict=True)
-    return dict(out, mm_encoder_outputs={"image": encoded})
+        bare = getattr(model, "model", model)
+        encoded = {"image": bare.get_image_features(**encoder_args, return_dict=True)}
+        if "pixel_values_videos" in out:  # videos too (EXAONE 4.5), as generate encodes them
+            encoded["video"] = bare.get_video_features(out.pop("pixel_values_videos"), out["video_grid_thw"],
+                                                       return_dict=True)
+    return dict(out, mm_encoder_outputs=encoded)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,6 +290,8 @@ def test_vanilla_is_the_stock_model(fam):
     keep = inputs["attention_mask"].bool()
     text = torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(1))
     stock_pos = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0) + int(FAMILIES[name].origin)
+    if FAMILIES[name].counts_padding:  # its own rule, in its forward and its generate: token i at i
+        stock_pos = torch.arange(stock_pos.shape[1]).expand_as(stock_pos)
     kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
         ref = model(**inputs, position_ids=stock_pos).logits

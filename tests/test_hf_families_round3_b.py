@@ -12,10 +12,10 @@ import torch
 import transformers as T
 
 import test_hf_families_1d as base
-from hf_compat import restore
-from ropekit import Image, Text
+from hf_compat import ready_to_generate, restore
+from ropekit import Image, Text, Video
 from ropekit.hf import is_patched, patch_model, supported_models
-from test_hf_families_1d import IMG, TEXT, VISION, S, Family, _internvl_image, _row_major, _seeded, _windows
+from test_hf_families_1d import IMG, PAD, TEXT, VISION, S, Family, _internvl_image, _row_major, _seeded, _windows
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
     test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
@@ -55,12 +55,48 @@ def _qianfan_ocr():
         image_seq_length=S * S))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# EXAONE 4.5: Qwen2.5-VL's vision tower (2 x 2 merge) in a 1-D EXAONE 4 language model; images and videos
+
+
+VID, VSTART, VEND = 71, 72, 73  # video token, <vision_start>, <vision_end>
+
+
+def _exaone4_5():
+    return T.Exaone4_5_ForConditionalGeneration(T.Exaone4_5_Config(
+        text_config=dict(TEXT, model_type="exaone4", head_dim=16, sliding_window=4, sliding_window_pattern=2),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, num_key_value_heads=1,
+                           out_hidden_size=32, patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
+                           window_size=8, fullatt_block_indexes=[0]),
+        image_token_id=IMG, video_token_id=VID))
+
+
+def _exaone4_5_item(spec):  # <vision_start>, the merged tokens (frame by frame, row by row), <vision_end>
+    kind, t, h, w = spec
+    block = Image(h, w) if kind == "image" else Video(t, h, w)
+    return [VSTART] + [IMG if kind == "image" else VID] * (t * h * w) + [VEND], [Text(1), block, Text(1)], spec
+
+
+def _exaone4_5_pixels(items, per_sample, g):  # flattened patches (3 channels x 2 frames x 2 x 2) and the grids
+    out = {}
+    for kind, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        grids = torch.tensor([[t, 2 * h, 2 * w] for k, t, h, w in items if k == kind]).reshape(-1, 3)
+        if len(grids):
+            out[key] = torch.randn(int(grids.prod(-1).sum()), 24, generator=g)
+            out[f"{kind}_grid_thw"] = grids
+    return out
+
+
 ROUND3 = {
     "cohere2_vision": Family(_cohere2_vision, _cohere2_vision_image,
                              [[("T", 2), ("I", 3), ("T", 2)], [("T", 3), ("I", 1), ("T", 1), ("I", 2), ("T", 1)]],
                              pixels=_tiles),
     "qianfan_ocr": Family(_qianfan_ocr, _internvl_image,
                           [[("T", 3), ("I", 3), ("T", 2)], [("T", 2), ("I", 1), ("T", 2)]], pixels=_tiles),
+    "exaone4_5": Family(_exaone4_5, _exaone4_5_item,
+                        [[("T", 2), ("I", ("image", 1, 2, 3)), ("T", 2), ("I", ("video", 2, 2, 2)), ("T", 1)],
+                         [("T", 3), ("I", ("image", 1, 3, 2)), ("T", 1)]], pixels=_exaone4_5_pixels,
+                        counts_padding=True),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 
@@ -68,7 +104,7 @@ base.FAMILIES.update(ROUND3)  # the shared tests read the families from that tab
 @pytest.fixture(scope="module", params=list(ROUND3))
 def fam(request):
     """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(ROUND3[request.param].build)
+    model = ready_to_generate(_seeded(ROUND3[request.param].build), PAD, [IMG, VID])
     yield request.param, model
     restore(model)
 
@@ -155,3 +191,32 @@ def test_aria_image_tokens_are_learned_queries_with_no_grid_cell():
     torch.testing.assert_close(shuffled, tokens, rtol=1e-5, atol=1e-6)
     released = T.AriaConfig().projector_patch_to_query_dict
     assert released[35 * 35] == 128 and round(128 ** 0.5) ** 2 != 128
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EXAONE 4.5 specifics
+
+
+def test_exaone4_5_tokens_hold_the_patches_of_their_grid_cell():
+    """The patch merger joins each run of m² consecutive patches into one token; the vision tower's own 2-D rotary
+    position ids say where those patches sit: token k of a frame holds the m x m window at row k // (w/m), column
+    k % (w/m), frame after frame (the ``t x h/m x w/m`` grid ropekit places)."""
+    from transformers.vision_utils import get_vision_position_ids
+
+    t, h, w, m = 2, 4, 6, 2
+    rows_cols = get_vision_position_ids(torch.tensor([[t, h, w]]), m).view(-1, m * m, 2)
+    want = [([m * r, m * r + 1], [m * c, m * c + 1]) for _ in range(t) for r in range(h // m) for c in range(w // m)]
+    assert [(sorted(set(g[:, 0].tolist())), sorted(set(g[:, 1].tolist()))) for g in rows_cols] == want
+
+
+def test_exaone4_5_refuses_pixels_without_grids_and_unpatches_generate():
+    """Pixels without ``image_grid_thw`` have no token grid (the tower needs the grids too): a ValueError naming
+    the argument. Unpatching gives generate its stock input preparation back."""
+    model = ready_to_generate(_seeded(_exaone4_5), PAD, [IMG, VID])
+    inputs, _ = base.make_batch("exaone4_5")
+    patch_model(model, "circle")
+    assert "prepare_inputs_for_generation" in model.__dict__
+    with pytest.raises(ValueError, match="without `image_grid_thw`"):
+        model(**{k: v for k, v in inputs.items() if k != "image_grid_thw"})
+    restore(model)
+    assert "prepare_inputs_for_generation" not in model.__dict__ and not is_patched(model)

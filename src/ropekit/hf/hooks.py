@@ -9,7 +9,8 @@ Hooked: the bare model's ``forward`` (places the tokens from the call's own argu
 tensor on as ``position_ids``) and ``get_rope_index`` (the design's positions when called directly), the text
 model's ``forward`` (attention masks from the text row), its ``rotary_emb.forward`` (cos/sin per geometry), each
 decoder layer's ``forward`` (its geometry's cos/sin) and, on the generation class,
-``_prepare_position_ids_for_generation`` (``generate`` carries the design's position tensor as data).
+``_prepare_position_ids_for_generation`` (``generate`` carries the design's position tensor as data) and, on
+families whose ``prepare_inputs_for_generation`` drops that tensor, that method (it hands the tensor on).
 No hook keeps anything between calls: what a request's decoding needs is kept with the KV cache it passes.
 
 Each hook function comes with a :class:`~ropekit.hf.boundary.Contract`: the parameters it handles of the
@@ -584,6 +585,20 @@ def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     return hook.call_previous(given.pop("hidden_states"), **given)
 
 
+def keep_generate_positions(hook: Hook, *args: Any, **kwargs: Any) -> dict:
+    """The family's ``prepare_inputs_for_generation``, handing on the position ids ``generate`` carries where the
+    family drops them (:attr:`~ropekit.hf.adapters.Adapter.generate_drops_positions`): sliced to the step's tokens,
+    as transformers' own ``prepare_inputs_for_generation`` slices them. They are the design's position tensor, and
+    the first forward of ``generate`` no longer has the grids it would need to place the prompt again."""
+    given = hook.bind(args, kwargs)
+    pos = given.get("position_ids")
+    out = hook.call_previous(*args, **kwargs)
+    if isinstance(pos, torch.Tensor) and out.get("position_ids") is None:
+        ref = out.get("input_ids") if out.get("input_ids") is not None else out.get("inputs_embeds")
+        out["position_ids"] = pos[..., -ref.shape[1]:].clone(memory_format=torch.contiguous_format)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # what each hook handles of the method it replaces (checked at patch time: boundary.Contract)
 
@@ -630,6 +645,10 @@ CONTRACTS: dict[Callable, Contract] = {
         frozenset({"inputs_tensor", "model_kwargs"}), required=(("inputs_tensor",), ("model_kwargs",)),
     ),
     rotary_forward: Contract(frozenset({"x", "position_ids"}), required=(("x",), ("position_ids",))),
+    keep_generate_positions: Contract(
+        frozenset({"input_ids", "position_ids", "attention_mask", "inputs_embeds", "next_sequence_length",
+                   "is_first_iteration"}) | _CACHE, required=(("input_ids",),), var_keyword=True,
+    ),
     text_forward: Contract(
         frozenset({"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "cache_position",
                    "output_attentions", "output_hidden_states", "return_dict"}) | _CACHE,

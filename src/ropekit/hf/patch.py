@@ -99,6 +99,8 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         checks.append((type(top), "_prepare_position_ids_for_generation",
                        hooks.CONTRACTS[hooks.prepare_position_ids_for_generation]))
+    if top is not None and adapter.generate_drops_positions:
+        checks.append((type(top), "prepare_inputs_for_generation", hooks.CONTRACTS[hooks.keep_generate_positions]))
     boundary.check_all(checks)
 
 
@@ -431,6 +433,7 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         scaling=factor,
         variants=variants if len(variants) > 1 or None not in variants else {},
         origin=adapter.position_origin,
+        counts_padding=adapter.counts_padding,
         merge=adapter.merge(vcfg),
         tokens_per_second=adapter.time_rate(inner.config),
         temporal_merge=adapter.temporal_merge(vcfg),
@@ -456,6 +459,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     if top is not None and hasattr(top, "_prepare_position_ids_for_generation"):
         hooks.install(top, "_prepare_position_ids_for_generation", hooks.prepare_position_ids_for_generation, state,
                       inner=inner)
+    if top is not None and adapter.generate_drops_positions:
+        hooks.install(top, "prepare_inputs_for_generation", hooks.keep_generate_positions, state)
     auto.mark(inner.config)  # saved in ropekit's form: loads patched, never silently as the stock model
     if top is not None and top.config is not inner.config:
         auto.mark(top.config)
@@ -477,6 +482,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
 
 def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: bool = True) -> None:
     hooks.remove(top, "_prepare_position_ids_for_generation")
+    hooks.remove(top, "prepare_inputs_for_generation")
     for layer in text.layers:
         hooks.remove(layer, "forward")
     hooks.remove(text.rotary_emb, "forward")

@@ -85,6 +85,7 @@ class _State:
     audio_token_id: Optional[int] = None  # the audio token, marked (AUDIO) only where a video's audio is interleaved
     interleave: Optional[tuple] = None  # (order, chunk) of a VideoAudio block (Adapter.interleave), or None
     origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
+    counts_padding: bool = False  # a row's leading padding shifts its positions (Adapter.counts_padding)
 
     @property
     def rows(self) -> list[tuple[str, int]]:
@@ -200,6 +201,7 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
             raise ValueError(f"patched model (design {name!r}): {e}") from None
         if state.origin:
             out[name] = out[name] + state.origin
+        out[name] = _padding_shift(state, out[name], ext_mask)
     return out
 
 
@@ -305,7 +307,19 @@ def _place_interleaved(state: _State, prompt: _Prompt, extra: int) -> dict[str, 
         out[name] = pos.permute(2, 0, 1).contiguous()
         if state.origin:
             out[name] = out[name] + state.origin
+        out[name] = _padding_shift(state, out[name], None if prompt.mask is None else valid.long())
     return out
+
+
+def _padding_shift(state: _State, pos: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``pos`` ``(A, B, L)`` with each row's valid tokens shifted by the padding before its first valid token, on
+    families whose stock model counts padding (:attr:`~ropekit.hf.adapters.Adapter.counts_padding`); padding
+    stays at 0."""
+    if not state.counts_padding or mask is None:
+        return pos
+    valid = mask != 0
+    leading = (valid.long().cumsum(-1) == 0).sum(-1).to(pos.dtype)  # (B,)
+    return torch.where(valid[None], pos + leading[None, :, None], pos)
 
 
 def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor]) -> _Prompt:

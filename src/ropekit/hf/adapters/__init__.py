@@ -5,6 +5,7 @@ from .cohere_compass import CohereCompass
 from .cosmos3 import Cosmos3Edge, Cosmos3Omni
 from .cohere2_vision import Cohere2Vision
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
+from .exaone4_5 import Exaone4_5
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
@@ -36,7 +37,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
-    AyaVision(), Cohere2Vision(), QianfanOCR(),
+    AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(),
     Gemma4(), Llama4(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 

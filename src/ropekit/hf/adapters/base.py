@@ -90,6 +90,13 @@ class Adapter:
     #: the model's first position on 1-D families (PaliGemma counts from 1): every design's positions are
     #: shifted by it, as the stock model shifts its own
     position_origin: float = 0.0
+    #: 1-D families whose stock model numbers a row's tokens from its first column, padding included (its forward
+    #: counts token i at i and its generate does the same): every design's positions of a left-padded row are
+    #: shifted by the row's leading padding, as the stock model shifts its own (the shift changes no distance)
+    counts_padding: bool = False
+    #: the family's ``prepare_inputs_for_generation`` drops the position ids ``generate`` carries (EXAONE 4.5 sets
+    #: them to None and lets its forward count): the patch hands the design's on, sliced to the step's tokens
+    generate_drops_positions: bool = False
     #: parameters the family's ``compute_3d_position_ids`` / ``get_rope_index`` (and ``generate``'s model kwargs)
     #: take beyond the common ones; :meth:`position_arguments` turns them into the common names or refuses them
     position_params: frozenset = frozenset()
