@@ -137,6 +137,56 @@ def test_coordinate_grids_are_readable_at_page_width_and_tell_axes_apart(monkeyp
     assert 9 <= min(t.get_fontsize() for leg in fig.legends for t in leg.get_texts()) * SAVE_DPI / 72 * scale
 
 
+# --- a 1-axis design draws each image grid's positions -------------------------------------------------------
+
+def _pype_ring_position(start: int, r: int, c: int, h: int, w: int, layer: int) -> int:
+    """PyPE's rule written out: ring ``min(r, c, h-1-r, w-1-c)`` capped at ``P - 1``, P = max(min(h, w)//2 - layer, 1)."""
+    levels = max(min(h, w) // 2 - layer, 1)
+    return start + min(r, c, h - 1 - r, w - 1 - c, levels - 1)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_one_axis_plot_draws_each_grid_as_the_design_places_it(monkeypatch, tmp_path, layer):
+    figs = _capture(monkeypatch, figures)
+    figures.plot_layout("T1 I6x6 T2 I4x5 T1", "pype", tmp_path / "x.png", layer=layer)
+    fig = figs[0]
+    fig.canvas.draw()
+    grids = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in grids] == ["image 1: position", "image 2: position"]
+    starts = (1, 1 + max(3 - layer, 1) + 2)  # the text after an image continues at s + P
+    for ax, (h, w), s in zip(grids, [(6, 6), (4, 5)], starts):
+        want = torch.tensor([[_pype_ring_position(s, r, c, h, w, layer) for c in range(w)] for r in range(h)])
+        assert torch.equal(torch.as_tensor(ax.images[0].get_array()).to(want.dtype), want)
+        assert ax.get_xlabel() == "column"
+        # every cell carries its value as text
+        assert sorted(float(t.get_text()) for t in ax.texts) == sorted(want.flatten().tolist())
+    assert any(ax.get_ylabel() == "position" for ax in fig.axes)  # the shared colour bar is labelled
+
+
+def test_video_frames_are_drawn_as_grids_of_their_own(monkeypatch, tmp_path):
+    figs = _capture(monkeypatch, figures)
+    figures.plot_layout("T1 V6x2x2 T1", "v2pe", tmp_path / "x.png")
+    grids = [ax for ax in figs[0].axes if ax.images]
+    assert [ax.get_title() for ax in grids] == [f"frame {f}: position" for f in (1, 2, 3, 4)]  # at most four
+    # V2PE: each visual token one increment (1/16) after the one before, the first after the text token at 0
+    for f, ax in enumerate(grids):
+        want = (1 + f * 4 + torch.arange(4, dtype=torch.float64)).reshape(2, 2) / 16
+        assert torch.allclose(torch.as_tensor(ax.images[0].get_array()).double(), want, atol=1e-6)
+
+
+def test_own_layout_captions_count_what_the_figures_show():
+    # ID-Align: the 4x4 high-resolution view shares the 2x2 thumbnail's four positions
+    text = multimodal.own_layout_caption("T2 I2x2 I4x4 T2", "id-align", thumbnail=(2, 2))
+    assert "image 2 (4×4, 16 tokens) takes 4 distinct positions (2–5)" in text
+    assert text.endswith("the last text token is at (7).")
+    # PyPE on a 6x6 image: 3 rings at layer 0, then one fewer per layer
+    for layer, levels in ((0, 3), (1, 2), (2, 1)):
+        text = multimodal.own_layout_caption("T1 I6x6 T1", "pype", layer=layer)
+        plural = "s" if levels != 1 else ""
+        assert f"takes {levels} distinct position{plural} (1–{levels})" in text
+        assert text.endswith(f"the last text token is at ({1 + levels}).")
+
+
 # --- PTD table ----------------------------------------------------------------------------------------------
 
 def test_ptd_cells_of_one_block_stay_on_one_line(tmp_path):

@@ -12,7 +12,7 @@ from matplotlib.patches import Patch  # noqa: E402
 import torch  # noqa: E402
 
 from ..designs.registry import get_design, positions  # noqa: E402
-from ..layout import Layout  # noqa: E402
+from ..layout import Image, Layout, Video  # noqa: E402
 from .metrics import attention_bias_map  # noqa: E402
 
 __all__ = ["plot_coordinates", "plot_rings", "rings_figure", "pair_arrangement", "plot_bias_maps", "plot_layout",
@@ -209,16 +209,24 @@ def plot_rings(layout: "Layout | str", designs: Sequence[str], path: "str | Path
 def plot_layout(layout: "Layout | str", design: str, path: "str | Path", **options) -> Path:
     """A user's layout under one design: coordinates per token and the positions in position space.
 
-    Right panel: 2 axes → (h, w) scatter; 3 axes → the view down the text diagonal; otherwise omitted.
+    Right panel: 2 axes → (h, w) scatter; 3 axes → the view down the text diagonal; 1 axis with images or video
+    frames → each grid's positions drawn on the grid (up to four grids); otherwise omitted.
     """
     lay = Layout.coerce(layout)
     kinds = lay.token_types()
     c = positions(lay, design, **options)
     A = c.shape[1]
-    second = A in (2, 3)
-    fig, axes = plt.subplots(1, 2 if second else 1, figsize=(11 if second else 6.5, 4.6), squeeze=False)
-    _draw_coordinates(axes[0, 0], c, kinds)
-    axes[0, 0].set_title("coordinates per token", fontsize=10)
+    grids = _image_grids(lay) if A == 1 else []
+    if grids:  # the coordinates, then one small panel per grid (constrained layout fits the shared colour bar)
+        fig = plt.figure(figsize=(6.5 + 3.6 * len(grids), 5.0), layout="constrained")
+        outer = fig.add_gridspec(1, 2, width_ratios=[6.5, 3.6 * len(grids)])
+        axes = [[fig.add_subplot(outer[0, 0])]]
+        _draw_grid_positions(fig, outer[0, 1], c[:, 0], grids)
+    else:
+        second = A in (2, 3)
+        fig, axes = plt.subplots(1, 2 if second else 1, figsize=(11 if second else 6.5, 4.6), squeeze=False)
+    _draw_coordinates(axes[0][0], c, kinds)
+    axes[0][0].set_title("coordinates per token", fontsize=10)
     if A == 3:
         _draw_diagonal_view(axes[0, 1], c, kinds)
         axes[0, 1].set_title("positions seen down the text diagonal (1, 1, 1)", fontsize=10)
@@ -234,11 +242,61 @@ def plot_layout(layout: "Layout | str", design: str, path: "str | Path", **optio
         ax.grid(alpha=0.3)
         ax.set_title("positions in the (h, w) plane", fontsize=10)
     handles = _legend_handles(kinds, A)
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.95))
-    fig.suptitle(f"Layout '{lay}', design {get_design(design).name} ({A} ax{'es' if A > 1 else 'is'})",
-                 fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.89))
+    title = f"Layout '{lay}', design {get_design(design).name} ({A} ax{'es' if A > 1 else 'is'})"
+    if grids:
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9)
+        fig.suptitle(title, fontsize=11)
+    else:
+        fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9, bbox_to_anchor=(0.5, 0.95))
+        fig.suptitle(title, fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.89))
     return _save(fig, path)
+
+
+_MAX_GRIDS = 4  # image grids a 1-axis plot shows side by side
+
+
+def _image_grids(lay: Layout) -> "list[tuple[str, int, int, int]]":
+    """(label, first token, h, w) of each image or video frame of ``lay``, in order, at most ``_MAX_GRIDS``."""
+    out, start = [], 0
+    for seg in lay:
+        if isinstance(seg, Image):
+            out.append((f"image {sum(1 for g in out if g[0].startswith('image')) + 1}", start, seg.h, seg.w))
+        elif isinstance(seg, Video):
+            out.extend((f"frame {f + 1}", start + f * seg.h * seg.w, seg.h, seg.w) for f in range(seg.t))
+        start += seg.num_tokens
+    return out[:_MAX_GRIDS]
+
+
+def _draw_grid_positions(fig, spec, pos: torch.Tensor, grids: "list[tuple[str, int, int, int]]") -> None:
+    """A 1-axis design's position of every token of each image grid, drawn on the grid (row down, column right),
+    one colour scale for all grids, each cell labelled with its value (up to 8 × 8): where a 1-D design puts a
+    2-D image (PyPE's rings, ID-Align's thumbnail cells, V2PE's fractions)."""
+    from matplotlib.ticker import MaxNLocator
+
+    values = [pos[s:s + h * w].reshape(h, w) for _, s, h, w in grids]
+    lo = min(float(v.min()) for v in values)
+    hi = max(max(float(v.max()) for v in values), lo + 1e-6)
+    inner = spec.subgridspec(1, len(grids))
+    subs = []
+    for i, ((label, _, h, w), v) in enumerate(zip(grids, values)):
+        sub = fig.add_subplot(inner[0, i])
+        im = sub.imshow(v.numpy(), cmap="viridis", vmin=lo, vmax=hi)
+        if h * w <= 64:
+            for r in range(h):
+                for col in range(w):
+                    val = float(v[r, col])
+                    sub.text(col, r, f"{val:g}" if val == round(val) else f"{val:.2f}", ha="center", va="center",
+                             fontsize=8, color="white" if val - lo < 0.6 * (hi - lo) else "black")
+        sub.set_title(f"{label}: position", fontsize=10)
+        sub.set_xlabel("column", fontsize=9)
+        if i == 0:
+            sub.set_ylabel("row", fontsize=9)
+        sub.xaxis.set_major_locator(MaxNLocator(nbins=min(w, 6), integer=True))
+        sub.yaxis.set_major_locator(MaxNLocator(nbins=min(h, 6), integer=True))
+        sub.tick_params(labelsize=8)
+        subs.append(sub)
+    fig.colorbar(im, ax=subs, shrink=0.6, label="position")
 
 
 def plot_bias_maps(

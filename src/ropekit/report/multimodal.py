@@ -11,10 +11,13 @@ import html
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from ..analysis.figures import _save as save_figure
-from ..analysis.figures import pair_arrangement, plot_bias_maps, plot_coordinates, rings_figure
+from ..analysis.figures import pair_arrangement, plot_bias_maps, plot_coordinates, plot_layout, rings_figure
 from ..analysis.metrics import block_ptd, boundary_continuity, frame_bias, layout_ptd
 from ..designs.registry import designs as registered, get_design, positions
+from ..layout import Image, Layout
 from ._html import table as _table
 
 IMAGE_LAYOUT = "T4 I4x4 T4"
@@ -24,6 +27,40 @@ BIAS_LAYOUT = "T4 V4x6x6 T16"
 PTD_LAYOUTS = ("I3x3 T5", IMAGE_LAYOUT, VIDEO_LAYOUT, "T2 I3x3 T2 I2x4 T2")
 BIAS_DESIGNS = ("vanilla", "mrope", "vrope", "circle")
 HEAD_DIM = 128
+# designs whose rule shows only on a layout of their own (a thumbnail and its high-resolution view, a square image
+# across layers, markers and slices): (design, layout, options)
+OWN_LAYOUTS = (
+    ("id-align", "T2 I2x2 I4x4 T2", {"thumbnail": (2, 2)}),
+    ("pype", "T1 I6x6 T1", {"layer": 0}),
+    ("pype", "T1 I6x6 T1", {"layer": 1}),
+    ("canvas-mrope", "T2 I2x2 T2 I2x2 T2 I2x2 T2", {"markers": True, "slices": ["1x2"]}),
+)
+
+
+def own_layout_caption(layout: str, design: str, **options) -> str:
+    """What the figure of ``design`` on ``layout`` shows, from its coordinates: per image, its size, how many
+    distinct positions its tokens take and their range on each axis; then where the last token sits."""
+    lay = Layout.coerce(layout)
+    c = positions(lay, design, **options)
+    parts, start, k = [], 0, 0
+    for seg in lay:
+        if isinstance(seg, Image):
+            k += 1
+            block = c[start:start + seg.num_tokens]
+            names = ("t", "h", "w") if c.shape[1] == 3 else ("",) * c.shape[1]
+            spans = ", ".join(f"{n} {_num(block[:, a].min())}–{_num(block[:, a].max())}".strip()
+                              for a, n in enumerate(names))
+            distinct = len(torch.unique(block, dim=0))
+            parts.append(f"image {k} ({seg.h}×{seg.w}, {seg.num_tokens} tokens) takes {distinct} distinct "
+                         f"position{'s' if distinct != 1 else ''} ({spans})")
+        start += seg.num_tokens
+    last = ", ".join(_num(v) for v in c[-1])
+    return "; ".join(parts) + f"; the last text token is at ({last})."
+
+
+def _num(x) -> str:
+    v = float(x)
+    return f"{v:g}" if v == round(v) else f"{v:.2f}"
 
 
 def _designs(chosen: "Sequence[str] | None") -> list[str]:
@@ -50,6 +87,13 @@ def designs_section(out: Path, *, layout: "str | None" = None, designs: "Sequenc
         caption = rings_caption(pair_arrangement(fig))
         save_figure(fig, out / "designs_3d.png")
         parts.insert(1, f"<p class='note'>{html.escape(caption)}</p><img src='designs_3d.png'>")
+    shown = [(d, lay, opts) for d, lay, opts in OWN_LAYOUTS if d in names] if not layout else []
+    for i, (d, lay, opts) in enumerate(shown):
+        png = f"designs_own_{i}.png"
+        plot_layout(lay, d, out / png, **opts)
+        args = ", ".join(f"{k}={v!r}" for k, v in opts.items())
+        parts.append(f"<p>{_code(d)} on {_code(lay)}{' (' + html.escape(args) + ')' if args else ''}: "
+                     f"{html.escape(own_layout_caption(lay, d, **opts))}</p><img src='{png}'>")
     rows = [[_code(n), html.escape(get_design(n).summary), get_design(n).allocation,
              ", ".join(get_design(n).options) or "–"] for n in names]
     return {
