@@ -1,6 +1,6 @@
-"""ropekit position designs, allocations and AGE schedules inside Hugging Face multimodal models (Qwen-VL, GLM-4V,
-ERNIE-4.5-VL, PaddleOCR-VL, and 1-D ones: LLaVA, InternVL, Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma, Aya
-Vision).
+"""ropekit position designs, allocations and AGE schedules inside Hugging Face multimodal models: the 3-axis
+(M-RoPE) families and the 1-D (LLaVA-style) ones that :func:`supported_models` lists (one adapter each in
+:mod:`ropekit.hf.adapters`; docs/hf.md describes each family's native positions).
 
 :func:`patch_model` rewires one model *instance* (never the transformers classes) so that
 
@@ -312,20 +312,18 @@ def patch_model(
     sections: Optional[Sequence[int]] = None,
     **design_options: Any,
 ) -> nn.Module:
-    """Make an instance of a supported family (:func:`supported_models`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE),
-    Qwen3.5(-MoE), GLM-4.1V/4.5V/4.6V, GLM-OCR, ERNIE-4.5-VL-MoE, PaddleOCR-VL, the Qwen2.5-Omni and Qwen3-Omni-MoE
-    thinkers, LLaVA(-NeXT, -NeXT-Video, -OneVision), InternVL, Gemma 3, Idefics3, SmolVLM, Mistral 3, PaliGemma,
-    Aya Vision) use ropekit positions and rotations.
+    """Make an instance of a supported family (:func:`supported_models` lists them by ``model_type``) use ropekit
+    positions and rotations.
 
     ``design`` names the position design. With ``age`` (an AGE schedule, Circle-RoPE paper
     §4.2: ``"all"``, ``"lower"``, ``"upper"``, ``"alternate"``, ``"none"``, ``"strategy_1…4"`` or one
     bool/design name per layer) layers on the schedule get ``design`` (or the first of a pair of names)
     and the others the second design (M-RoPE by default). ``allocation`` overrides the frequency
     layout (a name, or a mapping design → name); by default each design uses its own, and 3-axis
-    designs use the model's native M-RoPE layout (chunked sections on Qwen2/2.5-VL, GLM-4V, GLM-OCR and PaddleOCR-VL,
-    interleaved on Qwen3-VL and Qwen3.5, VideoRoPE's on ERNIE-4.5-VL) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs
-    per axis, summing to the rotary half-dim). On the 1-D families (LLaVA, InternVL, Gemma 3, …) 3-axis designs
-    default to chunked M-RoPE with Qwen2-VL's split scaled to the head. The model config's rope scaling
+    designs use the family's native M-RoPE layout (its adapter's ``native_allocation``: chunked, interleaved or
+    VideoRoPE's) with the model's ``mrope_section``; ``sections`` overrides those sections (frequency pairs per
+    axis, summing to the rotary half-dim). On the 1-D families 3-axis designs default to chunked M-RoPE with
+    Qwen2-VL's split scaled to the head. The model config's rope scaling
     (``rope_parameters``: linear, dynamic, yarn, longrope, llama3) is applied to every geometry's
     frequencies, with its attention factor. ``design_options`` go to ``design`` (the first of a
     pair); ``options`` maps any design name to its options. Patching again replaces the old patch.
