@@ -121,6 +121,38 @@ def _stock_forward_fails(model):
     return None
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# LFM2-VL: tiles and thumbnails of any aspect ratio (SigLIP2 NaFlex), 2 x 2 windows per token; an LFM2 language
+# model whose layer 0 is a short convolution (no positions) and layer 1 attention
+
+
+def _lfm2_vl():
+    return _model_class("Lfm2VlForConditionalGeneration")(T.Lfm2VlConfig(
+        vision_config=dict(VISION, model_type="siglip2_vision_model", num_patches=16),
+        text_config=dict(TEXT, model_type="lfm2", layer_types=["conv", "full_attention"], pad_token_id=0),
+        image_token_id=IMG, projector_hidden_size=32, downsample_factor=2))
+
+
+def _lfm2_vl_image(spec):  # <|image_start|>, per tile <|img_row_r_col_c|> + tokens, <|img_thumbnail|> + its tokens, …
+    tiles, (rows, cols) = spec
+    ids, lay = [61], [Text(1)]
+    for _ in range(tiles):
+        ids, lay = ids + [63] + [IMG] * S * S, lay + [Text(1), Image(S, S)]
+    if tiles:
+        ids, lay = ids + [64], lay + [Text(1)]
+    ids, lay = ids + [IMG] * rows * cols + [62], lay + [Image(rows, cols), Text(1)]
+    return ids, lay, [(S, S)] * tiles + [(rows, cols)]
+
+
+def _naflex_pixels(images, per_sample, g):  # one row per tile / thumbnail: its 2h x 2w patches, then padding
+    grids = [grid for image in images for grid in image]
+    mask = torch.zeros(len(grids), G4_PATCHES, dtype=torch.long)
+    for i, (rows, cols) in enumerate(grids):
+        mask[i, :4 * rows * cols] = 1
+    return {"pixel_values": torch.rand(len(grids), G4_PATCHES, 12, generator=g), "pixel_attention_mask": mask,
+            "spatial_shapes": torch.tensor([[2 * rows, 2 * cols] for rows, cols in grids])}
+
+
 ROUND3 = {
     "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
                                               [("T", 2), ("I", (3, 2)), ("T", 3)]],
@@ -128,10 +160,15 @@ ROUND3 = {
     "llama4": Family(_llama4, _llama4_image, [[("T", 3), ("I", (1, 2)), ("T", 2)], [("T", 2), ("I", (1, 1)), ("T", 1),
                                                                                    ("I", (1, 1)), ("T", 2)]],
                      pixels=_tiles),
+    "lfm2_vl": Family(_lfm2_vl, _lfm2_vl_image, [[("T", 2), ("I", (2, (2, 3))), ("T", 2)],  # 2 tiles + thumbnail
+                                                 [("T", 3), ("I", (0, (3, 2))), ("T", 1), ("I", (0, (2, 2))),
+                                                  ("T", 1)]],
+                      pixels=_naflex_pixels),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
 base.UNPACKED.add("llama4")  # chunked attention: transformers cuts a packed row into chunks by token index
+base.UNPACKED.add("lfm2_vl")  # its convolution layers mix tokens across the samples of a packed row
 
 
 @pytest.fixture(scope="module", params=list(ROUND3))
@@ -336,3 +373,29 @@ def test_idefics2_image_tokens_are_resampler_latents_with_no_grid_cell():
             torch.testing.assert_close(shuffled, tokens[n], rtol=1e-5, atol=1e-6)
     assert tokens[16].shape[1] == tokens[64].shape[1] == S * S
     assert not torch.allclose(tokens[16][0, 0], tokens[16][0, 1])  # distinct tokens, not one copied
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LFM2-VL specifics
+
+
+def test_lfm2_vl_tokens_hold_the_patches_of_their_grid_cell():
+    """Marker features through the model's own pixel unshuffle: token k of a 4 x 6 patch tile holds the 2 x 2
+    window at row k // 3, column k % 3 (the 2 x 3 grid ropekit places)."""
+    model = _seeded(_lfm2_vl)
+    rows, cols = 4, 6
+    marks = torch.arange(rows * cols, dtype=torch.float32).view(1, rows, cols, 1)  # patch (r, c) carries r*cols + c
+    tokens = model.model.multi_modal_projector.pixel_unshuffle(marks).reshape(-1, 4)
+    got = [(sorted({int(v) // cols for v in t}), sorted({int(v) % cols for v in t})) for t in tokens]
+    assert got == [([2 * r, 2 * r + 1], [2 * c, 2 * c + 1]) for r in range(2) for c in range(3)]
+
+
+def test_lfm2_vl_images_need_their_spatial_shapes():
+    """The encoded features carry each tile's token count, not its shape: images without ``spatial_shapes`` are
+    refused."""
+    model = _seeded(_lfm2_vl)
+    inputs, _ = base.make_batch("lfm2_vl")
+    patch_model(model, "circle")
+    with pytest.raises(ValueError, match="without `spatial_shapes`"):
+        model(**{k: v for k, v in inputs.items() if k != "spatial_shapes"})
+    restore(model)

@@ -474,7 +474,9 @@ def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length:
         raise ValueError(
             f"patched model: packed rows are not supported with attention layer types {sorted(unknown)}"
             + (" (chunked attention cuts a row into chunks by token index, so a packed sample would see other chunks "
-               "than it sees alone)" if "chunked_attention" in unknown else "") + "; give padded batches")
+               "than it sees alone)" if "chunked_attention" in unknown else "")
+            + (" (a short convolution mixes each token with the tokens before it, across the samples' boundaries)"
+               if "conv" in unknown else "") + "; give padded batches")
     return {kind: makers[kind](**common) for kind in kinds}
 
 

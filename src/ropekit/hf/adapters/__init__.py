@@ -14,6 +14,7 @@ from .hy_v4_vl import HYV4VL
 from .idefics3 import Idefics3
 from .internvl import InternVL
 from .llama4 import Llama4
+from .lfm2_vl import Lfm2Vl
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
@@ -38,7 +39,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(),
-    Gemma4(), Llama4(),
+    Gemma4(), Llama4(), Lfm2Vl(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
