@@ -209,3 +209,28 @@ def test_hy_v4_vl_sparse_indexer_is_stock_with_the_stock_positions():
         for b, logits in zip(batches, want):
             keep = b["attention_mask"].bool()
             assert torch.equal(model(**b).logits[keep], logits[keep])
+
+
+def test_hunyuan_vl_output_of_a_sample_depends_on_the_samples_before_it():
+    """Why HunYuan-VL stays refused after re-examination: its stock get_rope_index numbers images across the whole
+    batch (the fourth axis), so the stock logits of a sample change with the samples batched before it. A ropekit
+    design places each sample from its own layout (positions are data, per sample), so no design, whatever table
+    rule turned the channels, could equal the stock model on padded batches; the first sample, with no image
+    before it, is unaffected."""
+    from test_hf_families_3axis import _hunyuan_vl
+    torch.manual_seed(0)
+    model = _hunyuan_vl().eval()
+    # as the processor writes an image: <start>, the tower's extra token, 4 x 4 patches merged to 2 x 2 tokens with
+    # a newline token closing each row, the closing extra token, <end>
+    ids = torch.tensor([[1, 72] + [IMG] * 8 + [73, 2]] * 2)
+    pixels = torch.randn(32, 12, generator=torch.Generator().manual_seed(0))
+
+    def run(rows, pix):
+        sub = ids[rows]
+        with torch.no_grad():
+            return model(input_ids=sub, pixel_values=pix, mm_token_type_ids=(sub == IMG).long(),
+                         image_grid_thw=torch.tensor([[1, 4, 4]] * len(sub)), attention_mask=torch.ones_like(sub)).logits
+
+    both = run(slice(0, 2), pixels)
+    assert torch.equal(both[0], run(slice(0, 1), pixels[:16])[0])
+    assert (both[1] - run(slice(1, 2), pixels[16:])[0]).abs().max() > 1e-5  # its image is image 1 in the batch

@@ -14,13 +14,15 @@ REFUSED: dict[str, str] = {
         "channels of a frequency pair turn by different axes (not a rotation; ropekit's tables turn each pair by "
         "one angle), and get_rope_index places len(mrope_section) >= 3 axes (the sequence index, then width "
         "with a newline column, height, and an image ordinal counted across the whole batch) rather than a "
-        "block at its start position"
+        "block at its start position; the batch-wide ordinal makes a sample's stock positions and logits depend "
+        "on the samples before it, so no per-sample design (with any table rule) equals it on padded batches"
     ),
     "minicpmv4_7": (
-        "MiniCPM-V 4.7's canvas M-RoPE has no ropekit counterpart: get_rope_index pins the <image>, </image>, "
-        "<slice>, </slice> and newline markers (text tokens) off the diagonal, stretches the thumbnail over the "
-        "canvas of its slices (rounded linspace, so thumbnail and slice tokens share positions), continues text "
-        "at the block's start + max(h, w) + 1, and its hooks take target_sizes/downsample_mode, not grids"
+        "MiniCPM-V 4.7's canvas M-RoPE is ropekit's 'canvas-mrope' design (ropekit.positions with markers=True "
+        "and each frame's slices), but the patch cannot place it yet: get_rope_index pins the <image>, </image>, "
+        "<slice>, </slice> and newline markers (text tokens) off the diagonal and stretches the thumbnail over "
+        "the canvas of its slices, so a sample's layout has to be read off the marker ids and target_sizes "
+        "(its hooks take target_sizes/downsample_mode, not grids), which the patch does not do"
     ),
     "aria": (
         "Aria's image tokens are no grid: its projector's learned queries (projector_patch_to_query_dict: 128 or "
