@@ -78,9 +78,11 @@ setup: $(BASE_STAMP)
 demo: $(REPORT_STAMP)
 	$(VENV)/bin/ropekit report --out report/
 
-# the whole suite, with the locked transformers (what CI runs first)
+# the whole suite, with the locked transformers (what CI runs first), in TEST_JOBS worker processes
+# (pytest-xdist; each worker runs torch on one thread, tests/conftest.py): TEST_JOBS=0 runs it in this process
+TEST_JOBS ?= 2
 test: $(TEST_STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_JOBS) tests
 
 # quick preset of every experiment (3 seeds each; a few-minute look per experiment on 2 CPU cores, not sized to
 # decide the claims), then the report

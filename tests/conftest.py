@@ -13,6 +13,13 @@ import os
 
 from hypothesis import settings
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in one worker per core (pytest-xdist): each worker's torch on one thread, so the
+    # workers do not fight over the cores with thread pools of their own
+    import torch
+
+    torch.set_num_threads(1)
+
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, database=None)
 settings.register_profile("dev", derandomize=False, deadline=None, print_blob=True, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
