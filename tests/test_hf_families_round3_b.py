@@ -160,7 +160,21 @@ def _aria():
         projector_patch_to_query_dict={16: S * S}, image_token_id=IMG))
 
 
-REFUSED = {"aria": _aria}
+def _mistral_large4_text():
+    return dict(TEXT, model_type="mistral_large4_text", num_key_value_heads=2, moe_intermediate_size=16,
+                n_routed_experts=2, num_experts_per_tok=1, kv_lora_rank=8, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                v_head_dim=8, index_topk=4, index_head_dim=16, index_n_heads=2)
+
+
+def _mistral_large4():
+    if not hasattr(T, "MistralLarge4ForConditionalGeneration"):
+        pytest.skip(f"transformers {T.__version__} has no Mistral Large 4")
+    return T.MistralLarge4ForConditionalGeneration(T.MistralLarge4Config(
+        text_config=_mistral_large4_text(), image_token_id=IMG,
+        vision_config=dict(VISION, model_type="pixtral", image_size=16, head_dim=8)))
+
+
+REFUSED = {"aria": _aria, "mistral_large4": _mistral_large4}
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
@@ -220,3 +234,21 @@ def test_exaone4_5_refuses_pixels_without_grids_and_unpatches_generate():
         model(**{k: v for k, v in inputs.items() if k != "image_grid_thw"})
     restore(model)
     assert "prepare_inputs_for_generation" not in model.__dict__ and not is_patched(model)
+
+
+def test_mistral_large4_rotary_scales_its_frequencies_by_a_trained_parameter():
+    """Why Mistral Large 4 is refused: its stock cos/sin follow a learned parameter, not the config alone. With
+    ``alpha`` 0 the table is the config's; with another ``alpha`` (a trained checkpoint) it differs, and a loss on
+    the table sends a gradient into ``alpha`` (fine-tuning trains it)."""
+    rotary = _mistral_large4().model.language_model.rotary_emb
+    assert isinstance(rotary.alpha, torch.nn.Parameter) and rotary.alpha.requires_grad
+    x, pos = torch.zeros(1, 1, 8), torch.arange(6.0)[None]
+    config_only = rotary.inv_freq.float()[None, :] * pos[0, :, None]
+    with torch.no_grad():
+        cos, _ = rotary(x, pos)
+        assert torch.allclose(cos[0, :, : config_only.shape[1]], config_only.cos() * rotary.attention_scaling)
+        rotary.alpha.fill_(0.5)
+        trained, _ = rotary(x, pos)
+    assert not torch.allclose(trained, cos)
+    rotary(x, pos)[0].sum().backward()
+    assert rotary.alpha.grad is not None and bool(rotary.alpha.grad.abs().sum() > 0)

@@ -36,4 +36,10 @@ REFUSED: dict[str, str] = {
         "each token summarizes the whole image (the same tokens for any order of the patches) and has no row or "
         "column; a 2-D or 3-D design would invent one, and placed as text every design is 1-D RoPE"
     ),
+    "mistral_large4": (
+        "Mistral Large 4's rotary scales each frequency by a trained parameter (MistralLarge4TextRotaryEmbedding."
+        "alpha: inv_freq * exp(alpha), learned in pretraining and updated by fine-tuning), so its cos/sin are no "
+        "function of the config; ropekit builds every design's tables from rope_parameters, which would drop the "
+        "trained scales (no design would give the stock model) and stop training them"
+    ),
 }
