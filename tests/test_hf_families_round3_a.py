@@ -153,6 +153,31 @@ def _naflex_pixels(images, per_sample, g):  # one row per tile / thumbnail: its 
             "spatial_shapes": torch.tensor([[2 * rows, 2 * cols] for rows, cols in grids])}
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Ovis2: tiles of 4 x 4 patches merged by hidden_stride 2 into visual words; Qwen2 language model
+
+
+def _ovis2():
+    return _model_class("Ovis2ForConditionalGeneration")(T.Ovis2Config(
+        vision_config=dict(VISION, hidden_stride=2, vocab_size=24, num_visual_indicator_tokens=5),
+        text_config=dict(TEXT, model_type="qwen2"), image_token_id=IMG, visual_indicator_token_ids=[71, 72, 73, 74, 75],
+        vocab_size=TEXT["vocab_size"], hidden_size=TEXT["hidden_size"]))
+
+
+def _ovis2_image(rows_cols):  # <IMG_START>, whole image, <IMG_GRID>, tiles (<IMG_COL>, <IMG_ROW> between), <IMG_END>
+    rows, cols = rows_cols
+    ids, lay = [71] + [IMG] * S * S + [72], [Text(1), Image(S, S), Text(1)]
+    if rows * cols > 1:
+        for r in range(rows):
+            for c in range(cols):
+                ids, lay = ids + [IMG] * S * S, lay + [Image(S, S)]
+                if c < cols - 1:
+                    ids, lay = ids + [73], lay + [Text(1)]
+            if r < rows - 1:
+                ids, lay = ids + [74], lay + [Text(1)]
+    return ids + [75], lay + [Text(1)], 1 + rows * cols * (rows * cols > 1)
+
+
 ROUND3 = {
     "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
                                               [("T", 2), ("I", (3, 2)), ("T", 3)]],
@@ -164,6 +189,9 @@ ROUND3 = {
                                                  [("T", 3), ("I", (0, (3, 2))), ("T", 1), ("I", (0, (2, 2))),
                                                   ("T", 1)]],
                       pixels=_naflex_pixels),
+    "ovis2": Family(_ovis2, _ovis2_image, [[("T", 2), ("I", (2, 2)), ("T", 2)], [("T", 3), ("I", (1, 1)), ("T", 1),
+                                                                                 ("I", (1, 2)), ("T", 1)]],
+                    pixels=_tiles),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
@@ -399,3 +427,18 @@ def test_lfm2_vl_images_need_their_spatial_shapes():
     with pytest.raises(ValueError, match="without `spatial_shapes`"):
         model(**{k: v for k, v in inputs.items() if k != "spatial_shapes"})
     restore(model)
+
+
+def test_ovis2_tokens_hold_the_patch_windows_of_their_grid_cell():
+    """Marker features through the tower's own window merge (``hidden_stride`` 2): with patch (r, c)'s features all
+    r * 4 + c, token k of a tile holds the 2 x 2 window at row k // S, column k % S, the grid ropekit places."""
+    model = _seeded(_ovis2)
+    tower, side, width = model.model.vision_tower, 4, VISION["hidden_size"]
+    marks = torch.arange(side * side, dtype=torch.float32)[None, :, None].expand(1, -1, width)
+    swap = tower.transformer.register_forward_hook(lambda m, a, out: (marks,))  # the encoder's output: markers
+    try:
+        with torch.no_grad():
+            merged = tower(torch.zeros(1, 3, 8, 8)).last_hidden_state  # (1, tokens, windows * width)
+    finally:
+        swap.remove()
+    assert _windows(merged.reshape(S * S, 4, width)[..., 0], side) == _row_major(S, 2)

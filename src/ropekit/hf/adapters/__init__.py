@@ -19,6 +19,7 @@ from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
 from .mistral3 import Mistral3
+from .ovis2 import Ovis2
 from .paddleocr_vl import PaddleOCRVL
 from .paligemma import PaliGemma
 from .qianfan_ocr import QianfanOCR
@@ -39,7 +40,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(),
-    Gemma4(), Llama4(), Lfm2Vl(),
+    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
