@@ -28,6 +28,7 @@ stock-equivalent patched model's prefill logits must equal the stock model's.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -42,6 +43,8 @@ PATCH = 14
 SHAPES = {  # name -> (layers, hidden, heads, kv heads, intermediate, tokens, image token grid side)
     "full": (8, 1024, 8, 2, 2816, 4096, 28),
     "quick": (4, 512, 4, 2, 1408, 1024, 14),
+    "small": (4, 256, 4, 2, 704, 320, 12),  # one image of 144 tokens in a 320-token prompt
+    "tiny": (2, 64, 2, 1, 128, 96, 4),  # where the patch's fixed cost per forward weighs most
 }
 
 
@@ -182,9 +185,11 @@ class Family:
             warnings.simplefilter("ignore")
             return self.build(layers, hidden, heads, kv, inter, *([side] if self.side_in_build else []))
 
-    def inputs(self, shape: str) -> dict:
+    def inputs(self, shape: str, batch: int = 1) -> dict:
+        """``batch`` prompts of the same layout (ids and pixels drawn from seeds 0, 1, ...), concatenated."""
         *_, tokens, side = SHAPES[shape]
-        return self.prompt(self, tokens, side)
+        parts = [self.prompt(self, tokens, side, seed) for seed in range(batch)]
+        return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
 
 
 QWEN2_VL = Family("qwen2_vl", build_qwen2_vl, prompt_grid, 31990, equivalent="mrope", shapes=("full", "quick"),
@@ -210,10 +215,14 @@ def _set_state(model, state) -> None:
 
 
 class _Past:
-    """Stands in for a KV cache of ``n`` tokens where only its length is read (position stages)."""
+    """Stands in for a KV cache of ``n`` tokens where only its length is read (position stages); a patched state's
+    carries the continuation its placement made, as the cache of a patched prefill does."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, continuation=None):
         self.n = n
+        if continuation is not None:
+            from ropekit.hf.hooks import CONTINUATION
+            self.__dict__[CONTINUATION] = continuation
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.n
@@ -223,12 +232,16 @@ def _clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
 def _interleaved(model, states: dict, phases: dict, repeat: int, log) -> dict:
     """``{state: {phase: {"wall": [...], "cpu": [...]}}}``: every phase of every state, round-robin, the order of
     the states reversed every other round (so no state always runs right after the same one).
 
     ``phases`` maps a phase name to ``fn(carry) -> carry``, run in order within a state (so a decode
-    phase gets its prefill's cache). The first round warms up and is not kept.
+    phase gets its own prefill's cache). The first round warms up and is not kept.
     """
     times = {s: {ph: {"wall": [], "cpu": []} for ph in phases} for s in states}
     for r in range(repeat + 1):
@@ -249,155 +262,218 @@ def _interleaved(model, states: dict, phases: dict, repeat: int, log) -> dict:
     return times
 
 
-def _rows(times: dict, kind: str, family: Family, shape: str, info: dict, log) -> list[dict]:
+def _rows(times: dict, kind: str, family: Family, shape: str, info: dict, log, per: dict | None = None) -> list[dict]:
+    """One row per state and phase: medians over rounds and their ratio to stock's. ``per`` divides a phase's
+    times by its count of steps (the time of one step)."""
     out = []
+    per = per or {}
     for ph in next(iter(times.values())):
-        stock = {c: statistics.median(times["stock"][ph][c]) for c in ("wall", "cpu")}
+        n = per.get(ph, 1)
+        stock = {c: statistics.median(times["stock"][ph][c]) / n for c in ("wall", "cpu")}
         for s in times:
-            t = times[s][ph]
+            t = {c: [v / n for v in times[s][ph][c]] for c in ("wall", "cpu")}
             med = {c: statistics.median(t[c]) for c in ("wall", "cpu")}
             out.append({"family": family.name, "kind": kind, "phase": ph, "state": s, "shape": shape, **info,
-                        "median_s": med["wall"], "min_s": min(t["wall"]), "max_s": max(t["wall"]),
+                        "steps": n, "median_s": med["wall"], "min_s": min(t["wall"]), "max_s": max(t["wall"]),
                         "cpu_median_s": med["cpu"], "repeat": len(t["wall"]),
                         "vs_stock": med["wall"] / stock["wall"], "cpu_vs_stock": med["cpu"] / stock["cpu"]})
-            log(f"{family.name:8s} {kind:6s} {ph:7s} {s:10s} cpu {med['cpu'] * 1e3:9.2f} ms "
-                f"({med['cpu'] / stock['cpu']:.3f}x stock)  wall {med['wall'] * 1e3:9.2f} ms "
-                f"({med['wall'] / stock['wall']:.3f}x)")
+            log(f"{family.name:8s} {kind:6s} {shape:5s} b{info['batch']} {ph:8s} {s:10s} cpu "
+                f"{med['cpu'] * 1e3:9.3f} ms ({med['cpu'] / stock['cpu']:.3f}x stock)  wall {med['wall'] * 1e3:9.3f} "
+                f"ms ({med['wall'] / stock['wall']:.3f}x)")
     return out
 
 
-def _setup(family: Family, shape: str) -> tuple:
-    """A random model of ``family`` at ``shape``, its prompt and the rows' shape description."""
+def _setup(family: Family, shape: str, batch: int = 1) -> tuple:
+    """A random model of ``family`` at ``shape``, its prompt of ``batch`` samples and the rows' shape description."""
     layers, hidden = SHAPES[shape][:2]
-    model, inputs = family.model(shape), family.inputs(shape)
-    images = int((inputs["input_ids"] == family.image_id).sum()) // SHAPES[shape][-1] ** 2
+    model, inputs = family.model(shape), family.inputs(shape, batch)
+    images = int((inputs["input_ids"][0] == family.image_id).sum()) // SHAPES[shape][-1] ** 2
     return model, inputs, {"layers": layers, "hidden": hidden, "tokens": inputs["input_ids"].shape[1],
-                           "images": images}
+                           "images": images, "batch": batch}
 
 
 def _grid_args(inputs: dict) -> dict:
     return {k: inputs[k] for k in ("image_grid_thw", "attention_mask", "mm_token_type_ids")}
 
 
-def _place(model, inputs: dict, ids, emb, past):
+def _stages_stock(model, inputs: dict, ids, emb, past):
     """What the patch replaces in a Qwen-VL-shaped family: the positions and the cos/sin tables."""
     inner = model.model
     pos = inner.compute_3d_position_ids(input_ids=ids, inputs_embeds=emb, **{_cache(): past}, **inputs)
     return inner.language_model.rotary_emb(emb, pos if pos is not None else torch.zeros(3, 1, emb.shape[1]))
 
 
-def stages(shape: str, repeat: int, log=print, family: Family = QWEN2_VL) -> list[dict]:
-    """Only what the patch replaces: positions (``compute_3d_position_ids``) and cos/sin (``rotary_emb``)."""
+def _stages_patched(model, given: dict, emb, past):
+    """What replaces them in a patched model: its bare forward's placement (or the continuation of the prompt a
+    cache holds) and its rotary's cos/sin, for every geometry (an AGE patch: two)."""
+    from ropekit.hf import hooks
+    inner = model.model
+    pos, _ = hooks._positions_of_call(inner, inner.forward.state, given, past)
+    return inner.language_model.rotary_emb(emb, pos)
+
+
+def stages(shape: str, repeat: int, log=print, family: Family = QWEN2_VL, batch: int = 1,
+           states: Optional[dict] = None) -> list[dict]:
+    """Only what the patch replaces: positions and cos/sin, a prompt's and one decoding step's.
+
+    Stock: ``compute_3d_position_ids`` and ``rotary_emb``. Patched: the bare forward's placement (the prompt) or
+    the continuation a patched prefill keeps with its cache (the step), then the hooked ``rotary_emb``."""
     if not family.positions:
         raise ValueError(f"{family.name} places its tokens inside the bare model's forward: no stages to time")
-    model, inputs, info = _setup(family, shape)
+    model, inputs, info = _setup(family, shape, batch)
     embed = model.model.get_input_embeddings()
     emb = embed(inputs["input_ids"]).detach()
-    step_ids = torch.tensor([[1234]])
+    step_ids = torch.full((batch, 1), 1234)
     step_emb = embed(step_ids).detach()
     kw = _grid_args(inputs)
-    phases = {"prefill": lambda _: _place(model, kw, inputs["input_ids"], emb, None),
-              "decode": lambda _: _place(model, {}, step_ids, step_emb, _Past(info["tokens"]))}
+    n = info["tokens"]
+
+    def prefill(_):
+        if model.model.forward.__class__.__name__ != "Hook":
+            _stages_stock(model, kw, inputs["input_ids"], emb, None)
+            return None
+        from ropekit.hf import hooks
+        pos, record = hooks.placement(model.model, model.model.forward.state, dict(inputs))
+        model.model.language_model.rotary_emb(emb, pos)
+        return record
+
+    def decode(record):
+        if record is None:
+            return _stages_stock(model, {}, step_ids, step_emb, _Past(n))
+        given = dict(input_ids=step_ids)
+        return _stages_patched(model, given, step_emb, _Past(n, record))
+
     with torch.no_grad():
-        times = _interleaved(model, family.states, phases, repeat, log)
+        times = _interleaved(model, states or family.states, {"prefill": prefill, "decode": decode}, repeat, log)
     return _rows(times, "stages", family, shape, info, log)
 
 
-def _check_equivalent(model, family: Family, inputs: dict) -> None:
-    """The stock-equivalent patch's prefill logits must be the stock model's, bit for bit."""
+def _greedy(model, inputs: dict, steps: int, keep: bool = False):
+    """A prefill over the prompt, then ``steps`` cached steps of one token each (the argmax of the last logits; no
+    mask, as a hand-written loop over unpadded prompts passes: stock Qwen2-VL builds its positions over the whole
+    mask in a cached step without ``position_ids``); returns every step's logits when ``keep``."""
+    out = model(**inputs, use_cache=True, logits_to_keep=1)
+    cache, logits = getattr(out, _cache()), [out.logits[:, -1]]
+    for _ in range(steps):
+        tok = logits[-1].argmax(-1, keepdim=True)
+        step = model(input_ids=tok, **{_cache(): cache}, use_cache=True).logits[:, -1]
+        logits = logits + [step] if keep else [step]
+    return logits
+
+
+def _generate(model, inputs: dict, steps: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+
+
+def _check_equivalent(model, family: Family, inputs: dict, steps: int) -> None:
+    """The stock-equivalent patch must give the stock model's logits bit for bit: the prefill's and those of every
+    cached step of a greedy decode, and the same tokens from ``generate``."""
     _set_state(model, None)
-    ref = model(**inputs, logits_to_keep=1).logits
+    ref, ref_gen = _greedy(model, inputs, steps, keep=True), _generate(model, inputs, steps)
     _set_state(model, family.states[family.equivalent])
-    same = torch.equal(model(**inputs, logits_to_keep=1).logits, ref)
+    got, got_gen = _greedy(model, inputs, steps, keep=True), _generate(model, inputs, steps)
     _set_state(model, None)
-    if not same:
-        raise AssertionError(f"{family.name}: patched {family.equivalent} prefill logits differ from the stock model's")
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if not torch.equal(a, b):
+            what = "prefill" if i == 0 else f"decode step {i}"
+            raise AssertionError(f"{family.name}: patched {family.equivalent} {what} logits differ from the stock model's")
+    if not torch.equal(got_gen, ref_gen):
+        raise AssertionError(f"{family.name}: patched {family.equivalent} generate differs from the stock model's")
 
 
-def forward(shape: str, repeat: int, log=print, family: Family = QWEN2_VL) -> list[dict]:
-    """The whole model: prefill (vision tower included) and one cached decode step."""
-    model, inputs, info = _setup(family, shape)
-    step = dict(input_ids=torch.tensor([[1234]]))  # no mask: stock transformers then places it at past + delta
-    phases = {"prefill": lambda _: getattr(model(**inputs, use_cache=True, logits_to_keep=1), _cache()),
-              "decode_first": lambda cache: model(**step, **{_cache(): cache}, use_cache=True)}
+def forward(shape: str, repeat: int, log=print, family: Family = QWEN2_VL, batch: int = 1, steps: int = 32,
+            states: Optional[dict] = None, generate: bool = True) -> list[dict]:
+    """The whole model, each state with its own KV cache: ``prefill`` (vision tower included), then ``decode``
+    (``steps`` cached steps of greedy decoding from that prefill's cache, as :func:`_greedy`; the row is the time
+    of one step) and, with ``generate``, ``model.generate`` of ``steps``
+    new tokens (prefill included; the row is the whole call)."""
+    model, inputs, info = _setup(family, shape, batch)
+    info["load_start"] = _load()
+
+    def prefill(_):
+        out = model(**inputs, use_cache=True, logits_to_keep=1)
+        return getattr(out, _cache()), out.logits[:, -1]
+
+    def decode(carry):
+        cache, logits = carry
+        for _ in range(steps):
+            tok = logits.argmax(-1, keepdim=True)
+            logits = model(input_ids=tok, **{_cache(): cache}, use_cache=True).logits[:, -1]
+        return None
+
+    phases = {"prefill": prefill, "decode": decode}
+    if generate:
+        phases["generate"] = lambda _: _generate(model, inputs, steps)
     with torch.no_grad():
-        _check_equivalent(model, family, inputs)
-        times = _interleaved(model, family.states, phases, repeat, log)
-    return _rows(times, "model", family, shape, info, log)
+        _check_equivalent(model, family, inputs, steps)
+        times = _interleaved(model, states or family.states, phases, repeat, log)
+    info["load_end"] = _load()
+    return _rows(times, "model", family, shape, info, log, per={"decode": steps})
 
 
-def decode_only(shape: str, repeat: int, log=print, steps: int = 5, family: Family = QWEN2_VL) -> list[dict]:
-    """One cached decode step of the whole model after a prompt of ``shape``: per round, the mean of
-    ``steps`` consecutive steps (each at the same cache length).
-
-    Qwen-VL-shaped families: the KV cache comes from one stock prefill (its values do not change the time of a
-    step); each state places the prompt through its own ``compute_3d_position_ids`` and rotary embedding
-    (untimed, as in its prefill) so the step reads that state's positions. 1-D families place the prompt in the
-    bare model's forward, so each state runs a whole prefill (untimed) for its placement and its own cache. The
-    shared cache is cut back by the step's token after each step; an own one grows by one token a step.
-    """
-    model, inputs, info = _setup(family, shape)
-    step = dict(input_ids=torch.tensor([[1234]]))
-    with torch.no_grad():
-        _set_state(model, None)
-        if family.positions:
-            cache = getattr(model(**inputs, use_cache=True, logits_to_keep=1), _cache())
-            emb = model.model.get_input_embeddings()(inputs["input_ids"]).detach()
-            kw = _grid_args(inputs)
-
-            def place(_):
-                _place(model, kw, inputs["input_ids"], emb, None)
-                return cache
-        else:
-            def place(_):
-                return getattr(model(**inputs, use_cache=True, logits_to_keep=1), _cache())
-
-        def some_steps(cache):
-            for _ in range(steps):
-                model(**step, **{_cache(): cache}, use_cache=True)
-                if family.positions:  # the shared cache (sliding-window caches cannot be cut back)
-                    cache.crop(-1)
-
-        times = _interleaved(model, family.states, {"place": place, "decode": some_steps}, repeat, log)
-    times = {s: {"decode": {c: [v / steps for v in t["decode"][c]] for c in t["decode"]}} for s, t in times.items()}
-    return _rows(times, "model", family, shape, info, log)
+def equivalent_states(family: Family) -> dict:
+    """Stock and the family's stock-equivalent patch: the pair the ≤ 1.02× bar is about."""
+    return {"stock": None, family.equivalent: family.states[family.equivalent]}
 
 
-def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, families=None, log=print) -> list[dict]:
-    """Per family (all by default), at each of its shapes: the patched stages alone (Qwen-VL-shaped families) and
-    the whole model (prefill, then decode steps timed on their own). Qwen2-VL runs at the scaled shape and, unless
-    ``quick``, at the full one (``shape`` picks one of them); the other families at the scaled one."""
+def run(*, quick: bool = False, repeat: int = 5, shape: str | None = None, families=None, batches=(1, 4),
+        steps: int = 32, all_states: bool = False, log=print) -> list[dict]:
+    """Per family (all by default), at each of its shapes and ``batches``: the patched stages alone
+    (Qwen-VL-shaped families) and the whole model (prefill, decode steps from each state's own cache, generate).
+    Every family runs at the ``tiny`` and ``small`` shapes; Qwen2-VL also at ``quick`` and, unless ``quick``, at
+    ``full`` (batch 1 there). ``shape`` picks one. Stock and the stock-equivalent patch only, unless
+    ``all_states``."""
     out = []
     for fam in [FAMILIES[f] for f in families or FAMILIES]:
-        names = [n for n in SHAPES if n in fam.shapes]
-        rounds = 4 * repeat * 4 // len(fam.states)  # 4 per repeat with Qwen2-VL's 4 states: the same time per family
-        for name in [n for n in ([shape] if shape else ["quick"] if quick else reversed(SHAPES)) if n in names]:
-            if fam.positions:
-                out += stages(name, rounds, log, family=fam)
-            out += forward(name, repeat if name == "full" else rounds, log, family=fam)  # scaled: more rounds
-            out += decode_only(name, rounds, log, family=fam)
+        states = fam.states if all_states else equivalent_states(fam)
+        names = [n for n in SHAPES if n in fam.shapes + ("tiny", "small")]
+        wanted = [shape] if shape else (["tiny", "small", "quick"] if quick else ["tiny", "small", "quick", "full"])
+        for name in [n for n in wanted if n in names]:
+            big = name in ("quick", "full")
+            for b in ((1,) if big else batches):
+                rounds = max(3, repeat if name == "full" else 4 * repeat)
+                if fam.positions:
+                    out += stages(name, rounds, log, family=fam, batch=b, states=states)
+                out += forward(name, rounds, log, family=fam, batch=b, steps=8 if big else steps, states=states,
+                               generate=not big)
     return out
 
 
 def markdown(results: list[dict]) -> str:
     """The rows of ``results`` as a Markdown table: CPU-time median and ratio to stock, wall median."""
-    lines = ["| family | what | shape (layers, hidden, tokens) | phase | state | CPU time | vs stock | wall time "
-             "| vs stock |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | what | shape (layers, hidden, tokens) | batch | phase | state | CPU time | vs stock "
+             "| wall time | vs stock |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        phase = r["phase"] + (f" (per step of {r['steps']})" if r.get("steps", 1) > 1 else "")
         lines.append(f"| {r.get('family', 'qwen2_vl')} | {r['kind']} | {r['shape']} ({r['layers']}, {r['hidden']}, "
-                     f"{r['tokens']}) | {r['phase']} | "
-                     f"{r['state']} | {r['cpu_median_s'] * 1e3:.2f} ms | {r['cpu_vs_stock']:.3f}x | "
-                     f"{r['median_s'] * 1e3:.2f} ms | {r['vs_stock']:.3f}x |")
+                     f"{r['tokens']}) | {r.get('batch', 1)} | {phase} | "
+                     f"{r['state']} | {r['cpu_median_s'] * 1e3:.3f} ms | {r['cpu_vs_stock']:.3f}x | "
+                     f"{r['median_s'] * 1e3:.3f} ms | {r['vs_stock']:.3f}x |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     import argparse
+    import json
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=SHAPES, default=None, help="only this shape (default: both)")
+    p.add_argument("--shape", choices=SHAPES, default=None, help="only this shape (default: all of a family's)")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="the scaled (quick) shape only")
+    p.add_argument("--quick", action="store_true", help="leave out the full shape")
     p.add_argument("--family", choices=FAMILIES, action="append", help="only this family (repeatable)")
+    p.add_argument("--batch", type=int, action="append", help="batch sizes at the tiny and small shapes (default 1, 4)")
+    p.add_argument("--steps", type=int, default=32, help="decoding steps at the tiny and small shapes")
+    p.add_argument("--all-states", action="store_true", help="every state (default: stock and the equivalent patch)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
-    run(quick=a.quick, shape=a.shape, repeat=a.repeat, families=a.family)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    res = run(quick=a.quick, shape=a.shape, repeat=a.repeat, families=a.family, batches=tuple(a.batch or (1, 4)),
+              steps=a.steps, all_states=a.all_states)
+    print(markdown(res))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": res}, f, indent=1)
