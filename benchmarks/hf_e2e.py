@@ -13,21 +13,27 @@ from other processes falls on every state alike. Qwen2-VL:
 GLM-4.1V: ``stock`` and ``mrope`` (``continuation="spatial"``, its stock-equivalent patch); Gemma 3: ``stock``
 and ``vanilla`` (its stock-equivalent patch). The bar for a stock-equivalent patch is ≤ 1.02× stock.
 
-Qwen2-VL runs at the scaled ``quick`` shape and, unless ``--quick``, at the full one (8 layers of hidden
-1024 at L = 4096; a whole prefill there takes tens of seconds on a small CPU); GLM-4.1V and Gemma 3 at the
-scaled one only. Measured: the patched stages alone (positions + cos/sin; Qwen-VL-shaped families only, a
-1-D family has no separate position stage), the whole model's prefill with the decode step right after it,
-and decode steps timed on their own over more rounds. Times are wall and process CPU time (the CPU time is
-the steadier number on a loaded machine).
+Shapes (:data:`SHAPES`): ``tiny`` (2 layers of hidden 64, 96 tokens: where the patch's fixed cost per forward
+weighs most) and ``small`` (4 layers of hidden 256, 320 tokens with one image of 144 tokens) for every family at
+batch 1 and 4; Qwen2-VL also at the scaled ``quick`` one (4 layers of hidden 512, L = 1024) and, unless
+``--quick``, the full one (8 layers of hidden 1024 at L = 4096), at batch 1. A batch is that many prompts of the
+same layout (ids and pixels of their own). By default only stock and the stock-equivalent patch are timed
+(``--all-states``: every state).
 
-``prefill`` is one forward over the whole prompt (text and images, vision tower included,
-``logits_to_keep=1`` as ``generate`` does); ``decode_first`` is one cached forward of one new text token
-right after it (each timed prefill gives the cache its decode step reads); ``decode`` is the mean of a few
-such steps, timed over more rounds than the prefills (the steadier decode number). Before timing, the
-stock-equivalent patched model's prefill logits must equal the stock model's.
+Measured per state, each with its own KV cache: ``prefill`` (one forward over the prompt, vision tower included,
+``logits_to_keep=1`` as ``generate`` does), ``decode`` (greedy steps of one token from that prefill's cache, the
+row being the time of one step; no attention mask, the positions continuing the prompt the cache holds) and
+``generate`` (``model.generate`` of as many new tokens, prefill included: the position tensor carried as data).
+The ``stages`` rows time only what the patch replaces on the Qwen-VL-shaped families (a 1-D family has no
+separate position stage): stock ``compute_3d_position_ids`` + ``rotary_emb`` against the patch's placement (the
+prompt) or continuation (a decoding step) + its rotary. Times are wall and process CPU time (the CPU time is the
+steadier number on a loaded machine); rows are medians over interleaved rounds, with their ratio to stock's.
+Before timing, the stock-equivalent patch must give stock's logits bit for bit: the prefill's, those of every
+decoding step, and the tokens of ``generate``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -48,6 +54,7 @@ SHAPES = {  # name -> (layers, hidden, heads, kv heads, intermediate, tokens, im
 }
 
 
+@functools.cache
 def _cache() -> str:
     """The KV-cache keyword of the installed transformers (``cache`` since 5.24, ``past_key_values`` before); a
     model output holds its cache under the same name."""
@@ -367,13 +374,14 @@ def _generate(model, inputs: dict, steps: int):
         return model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
 
 
-def _check_equivalent(model, family: Family, inputs: dict, steps: int) -> None:
+def _check_equivalent(model, family: Family, inputs: dict, steps: int, generate: bool = True) -> None:
     """The stock-equivalent patch must give the stock model's logits bit for bit: the prefill's and those of every
-    cached step of a greedy decode, and the same tokens from ``generate``."""
+    cached step of a greedy decode, and (``generate``) the same tokens from ``generate``."""
+    gen = (lambda: _generate(model, inputs, steps)) if generate else (lambda: torch.zeros(()))
     _set_state(model, None)
-    ref, ref_gen = _greedy(model, inputs, steps, keep=True), _generate(model, inputs, steps)
+    ref, ref_gen = _greedy(model, inputs, steps, keep=True), gen()
     _set_state(model, family.states[family.equivalent])
-    got, got_gen = _greedy(model, inputs, steps, keep=True), _generate(model, inputs, steps)
+    got, got_gen = _greedy(model, inputs, steps, keep=True), gen()
     _set_state(model, None)
     for i, (a, b) in enumerate(zip(got, ref)):
         if not torch.equal(a, b):
@@ -407,7 +415,7 @@ def forward(shape: str, repeat: int, log=print, family: Family = QWEN2_VL, batch
     if generate:
         phases["generate"] = lambda _: _generate(model, inputs, steps)
     with torch.no_grad():
-        _check_equivalent(model, family, inputs, steps)
+        _check_equivalent(model, family, inputs, steps, generate)
         times = _interleaved(model, states or family.states, phases, repeat, log)
     info["load_end"] = _load()
     return _rows(times, "model", family, shape, info, log, per={"decode": steps})

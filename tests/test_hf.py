@@ -399,8 +399,8 @@ def test_age_all_and_none_reduce_to_single_designs(qwen2, monkeypatch):
         patch_model(qwen2, "vrope", age="none")
         assert torch.equal(qwen2(**inputs).logits, plain)
         calls = []
-        real = hfhooks.angles
-        monkeypatch.setattr(hfhooks, "angles", lambda *a: calls.append(1) or real(*a))
+        real = hfhooks.product  # the rotary's angles
+        monkeypatch.setattr(hfhooks, "product", lambda *a: calls.append(1) or real(*a))
         patch_model(qwen2, "vrope", age="alternate")
         mixed = qwen2(**inputs).logits
     assert len(calls) == 2  # cos/sin once per geometry per forward, not per layer

@@ -25,8 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ..apply.planar import cos_sin
-from ..rotations.planar import angles
+from ..rotations.planar import product
 from . import state as st
 from .boundary import CACHE_NAMES, Contract, cache_of
 
@@ -511,14 +510,19 @@ def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optiona
     pos = pos.to(device, torch.float32)
     W = st.frequencies(state, name, pos, key)
     factor = st.rotary(state, key)[1]
-    theta = angles(pos.permute(1, 2, 0), W.to(device))
+    # the angles without angles()' finiteness read-back: W is built finite at patch time and the positions come
+    # from the patch's placement or the caller (non-finite ones give non-finite logits, as in the stock model)
+    a = product(pos.permute(1, 2, 0), W.to(device))
     if state.complex_tables:  # one e^{i theta} per pair (Llama 4 multiplies channels 2j, 2j + 1 as complex numbers)
-        return torch.polar(torch.ones_like(theta), theta) * factor, None
-    c, s = cos_sin(theta)
+        return torch.polar(torch.ones_like(a), a) * factor, None
     if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL, Cohere)
-        return c.repeat_interleave(2, dim=-1) * factor, s.repeat_interleave(2, dim=-1) * factor
-    # rotate-half tables: pair j on channels j and j + R/2, so each half repeats the pair's value
-    return torch.cat([c, c], dim=-1) * factor, torch.cat([s, s], dim=-1) * factor
+        a = a.repeat_interleave(2, dim=-1)
+    else:  # rotate-half tables: pair j on channels j and j + R/2, so each half repeats the pair's value
+        a = torch.cat([a, a], dim=-1)
+    c, s = a.cos(), a.sin()  # elementwise: the same bits as the cos/sin of each half, repeated
+    if factor != 1.0:  # x * 1.0 is x: skipped, two ops fewer per table
+        c, s = c * factor, s * factor
+    return c, s
 
 
 def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,6 +34,15 @@ class _Geometry:
     scaling: Any = None  # a ropekit Scaling whose frequencies follow the sequence length (dynamic, longrope)
     dim: int = 0  # rotary channels W's spectrum comes from
     base: float = 10000.0
+    copies: dict = field(default_factory=dict, repr=False, compare=False)  # device -> W there (see on())
+
+    def on(self, device) -> torch.Tensor:
+        """``W`` on ``device``, copied there once and kept (a constant of the patch, like the model's weights): a
+        decoding step on an accelerator copies no frequencies to it."""
+        W = self.copies.get(device)
+        if W is None:
+            W = self.copies[device] = self.W.to(device)
+        return W
 
 
 @dataclass
@@ -369,19 +378,32 @@ def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch
     return pos, Continuation(start.to(device), prompt.counts.to(device), length)
 
 
+_FEWER = ("patched model: a cached forward gives tokens the cache already holds (fewer cached tokens than the prompt "
+          "placed with it); pass their position_ids (ropekit.hf.position_ids) or rerun without the cache")
+
+
 def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device
            ) -> torch.Tensor:
     """The position tensor ``(R, B, length)`` of text tokens after ``past`` cached ones of a placed prompt.
 
     With a 2-D ``mask`` over cache and new tokens, token ``i`` is text token (unmasked tokens since the prompt)
     after it; without one, text token ``past + i − L`` after a prompt of padded length ``L`` (generate's layout).
-    Plain tensor arithmetic: a decoding step compiles with ``fullgraph=True``.
+    Plain tensor arithmetic: a decoding step compiles with ``fullgraph=True``. Without a mask, from a cache that
+    counts its tokens on the host (an int ``past``), the check that the cache holds the whole prompt is made on the
+    host and the step costs three tensor ops, nothing read back from the device; otherwise the check reads one
+    boolean back (skipped while compiling).
     """
     base = record.counts.shape[0]
     if batch % base:
         raise ValueError(f"patched model: a batch of {batch} cannot continue the {base} sequences of this cache")
     k = batch // base
     start = record.start.repeat_interleave(k, dim=1) if k > 1 else record.start
+    if mask is None and isinstance(past, int):  # a decoding step's usual case: no read-back, three tensor ops
+        if past < record.length:
+            raise ValueError(_FEWER)
+        text = torch.arange(past, past + length, dtype=torch.float32, device=device)
+        geo = start.to(device)[:, :, None] + (text - record.length)
+        return torch.cat([text.expand(1, batch, length), geo], dim=0)
     counts = record.counts.repeat_interleave(k) if k > 1 else record.counts
     step = torch.arange(length, device=device)
     text = text_row(mask, past, batch, length, device)
@@ -392,10 +414,7 @@ def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch:
         new = torch.ones(batch, length, dtype=torch.bool, device=device)
         after = (past - record.length + step).expand(batch, length)
     if not torch.compiler.is_compiling() and bool(((after < 0) & new).any()):
-        raise ValueError(
-            "patched model: a cached forward gives tokens the cache already holds (fewer cached tokens than the "
-            "prompt placed with it); pass their position_ids (ropekit.hf.position_ids) or rerun without the cache"
-        )
+        raise ValueError(_FEWER)
     geo = start.to(device)[:, :, None] + after[None].to(torch.float32)
     geo = geo.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass
     return torch.cat([text[None].float(), geo], dim=0)
@@ -452,7 +471,8 @@ def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
 
 
 def frequencies(state: _State, name: str, positions: torch.Tensor, key: Optional[str] = None) -> torch.Tensor:
-    """The frequency matrix geometry ``name`` rotates ``positions`` with in this forward (rotary table ``key``).
+    """The frequency matrix geometry ``name`` rotates ``positions`` with in this forward (rotary table ``key``), on
+    the positions' device.
 
     Fixed unless the model's rope scaling follows the length ``max position + 1``, as transformers does:
     LongRoPE takes its long factors past the original context; dynamic NTK grows its base when the length
@@ -461,7 +481,7 @@ def frequencies(state: _State, name: str, positions: torch.Tensor, key: Optional
     geo = rotary(state, key)[0][name]
     s = geo.scaling
     if s is None:
-        return geo.W
+        return geo.on(positions.device)
     length = int(positions.max()) + 1 if positions.numel() else 1
     if s.rope_type == "longrope":
         return scale_frequencies(geo.W, s, base=geo.base, dim=geo.dim, seq_len=length)[0]

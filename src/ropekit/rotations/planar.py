@@ -296,21 +296,27 @@ def angles(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
             f"angles: coords have {coords.shape[-1]} axes but W expects {W.shape[-2]}; `coords` and `W` must "
             f"agree: build W with num_axes={coords.shape[-1]} or use the design's allocation"
         )
+    out = product(coords, W)
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(out).all()):  # one read-back; the cause
+        work = out.dtype  # is looked for on the error path only
+        _check_finite(coords.to(work), "coords", "positions must be finite numbers")
+        _check_finite(W.to(work), "W", "frequencies must be finite numbers")
+        _check_finite(out, "coords", f"the angles coords·W overflow {work}; positions are too large for these "
+                                     f"frequencies")
+    return out
+
+
+def product(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """The arithmetic of :func:`angles` without its checks, for callers that validated ``coords`` and ``W`` once
+    (a patched model's rotary: frequencies built at patch time, positions placed by the patch)."""
     work = torch.float64 if torch.float64 in (coords.dtype, W.dtype) else torch.float32
     c = coords.to(work)
     Wf = W.to(work)
     if W.ndim == 3:  # per head: (..., L, A) -> (..., 1, L, A, 1) * (H, 1, A, R/2)
-        out = (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
-    elif W.shape[-2] == 1:
-        out = c * Wf[0]
-    else:
-        out = (c[..., None] * Wf).sum(-2)
-    if not torch.compiler.is_compiling() and not bool(torch.isfinite(out).all()):  # one read-back; the cause
-        _check_finite(c, "coords", "positions must be finite numbers")  # is looked for on the error path only
-        _check_finite(Wf, "W", "frequencies must be finite numbers")
-        _check_finite(out, "coords", f"the angles coords·W overflow {work}; positions are too large for these "
-                                     f"frequencies")
-    return out
+        return (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
+    if W.shape[-2] == 1:
+        return c * Wf[0]
+    return (c[..., None] * Wf).sum(-2)
 
 
 def _check_finite(t: torch.Tensor, name: str, why: str) -> None:
