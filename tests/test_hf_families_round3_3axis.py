@@ -15,12 +15,12 @@ import torch
 import transformers as T
 
 from hf_compat import restore
-from test_hf_families_3axis import IMG, PAD, QWEN_VISION, TEXT, VID, Family, _seeded
+from test_hf_families_3axis import DESIGNS, IMG, PAD, QWEN_VISION, TEXT, VID, Family, _seeded
 from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here on this file's `fam`)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
-    test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
-    test_save_pretrained_and_reload_restore_the_patch, test_stock_equivalent_forward_matches_stock,
-    test_stock_equivalent_generate_matches_stock)
+    test_packed_rows_equal_per_sample_runs, test_save_pretrained_and_reload_restore_the_patch,
+    test_stock_equivalent_forward_matches_stock, test_stock_equivalent_generate_matches_stock)
+from test_hf_families_3axis import _batches, _encoded, assert_every_design_places_its_positions
 from ropekit.hf import boundary, is_patched, patch_model, supported_models
 from ropekit.hf.adapters import ADAPTERS
 from ropekit.hf.boundary import UnsupportedTransformersError
@@ -131,6 +131,15 @@ def _unpatched_after(request):
     yield
     if "fam" in request.fixturenames:
         restore(request.getfixturevalue("fam")[2])
+
+
+def test_every_design_places_its_positions(fam):
+    """Every design runs and every layer rotates with ``ropekit.positions`` of the layout: on the image batch, and on
+    the video batch where the family places videos its own way (HY-V4-VL's frames with their newline columns); the
+    others split videos into one-frame blocks as Qwen3-VL does, which the stock-equivalent tests check on videos."""
+    _, family, model = fam
+    batches = [(_encoded(model, inputs), layouts) for inputs, layouts in _batches(family)]
+    assert_every_design_places_its_positions(model, batches if family.newline else batches[:1], DESIGNS)
 
 
 def test_supported_models_lists_the_families():
