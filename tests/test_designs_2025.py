@@ -1,9 +1,9 @@
-"""Position designs published 2025-26: ID-Align (`id-align`) and PyPE (`pype`).
+"""Position designs published 2025-26: ID-Align (`id-align`), PyPE (`pype`) and C²RoPE (`c2rope`).
 
 Every expected position here is recomputed from the paper's rule in float64 (Python integers and
 fractions, no ropekit placement code), on hand-built layouts: text, images of several sizes, several
-images, videos. C²RoPE is not registered (its paper's index and mask rules could not be read; see
-docs/designs.md, "Published 2025–26 position designs").
+images, videos. C²RoPE's rules are the paper's as its authors' released rotary and mask code realise them
+(docs/designs.md, "Published 2025–26 position designs").
 """
 import json
 from fractions import Fraction
@@ -286,6 +286,140 @@ def test_pype_attention_mask_examples_and_limits():
         pype_attention_mask("T1 I4x4", layer=-2)
 
 
+# ------------------------------------------------------------------------------------------------ C²RoPE
+
+def c2rope_reference(layout):
+    """(m, x, y) per token from the rule: m the 1-D index; x, y the Cartesian offsets about the image centre
+    (x right, y up, trunc toward 0 so both middles of an even side are 0), shifted to start at the image's
+    start; text (p, p, p); a video frame by frame."""
+    out, p = [], 0
+    for seg in Layout.parse(layout):
+        if isinstance(seg, Text):
+            out += [(p + i,) * 3 for i in range(seg.num_tokens)]
+            p += seg.num_tokens
+            continue
+        t = seg.t if isinstance(seg, Video) else 1
+        for _ in range(t):
+            h, w = seg.h, seg.w
+            for r in range(h):
+                for c in range(w):
+                    x = (w - 1) // 2 + int(Fraction(2 * c - (w - 1), 2))  # int() truncates toward 0
+                    y = (h - 1) // 2 - int(Fraction(2 * r - (h - 1), 2))
+                    out.append((p + r * w + c, p + x, p + y))
+            p += h * w
+    return out
+
+
+def chebyshev_reference(h, w):
+    return [max(abs(int(Fraction(2 * r - (h - 1), 2))), abs(int(Fraction(2 * c - (w - 1), 2))))
+            for r in range(h) for c in range(w)]
+
+
+C2ROPE_LAYOUTS = ["T6", "T2 I4x4 T3", "T1 I3x5 T2", "T2 I5x4 I2x2 T1", "T1 V2x3x4 T1", "I1x6 T2"]
+
+
+@pytest.mark.parametrize("layout", C2ROPE_LAYOUTS)
+def test_c2rope_places_tokens_by_the_papers_rule(layout):
+    got = positions(layout, "c2rope")
+    assert got.dtype == torch.float32 and got.shape == (Layout.coerce(layout).num_tokens, 3)
+    assert torch.equal(got.double(), torch.tensor(c2rope_reference(layout), dtype=torch.float64)), layout
+
+
+def test_c2rope_llava_image_matches_the_authors_coordinates():
+    """A 24 x 24 LLaVA image: the authors' released rotary gives column i the offset x_i + 11 with x_i = i − 11
+    left of the middle, 0 on columns 11 and 12, i − 12 right of it, and row j the offset y_j + 11 with y_j
+    = 11 − j above, 0 on rows 11 and 12, −(j − 12) below; m is the raster index after the text."""
+    def authors(i):
+        return 0 if i in (11, 12) else (i - 11 if i < 11 else i - 12)
+
+    got = positions("T5 I24x24 T2", "c2rope")
+    img = got[5:5 + 576].view(24, 24, 3)
+    cols, rows = torch.arange(24)[None, :].expand(24, 24), torch.arange(24)[:, None].expand(24, 24)
+    assert torch.equal(img[..., 0], (5 + rows * 24 + cols).float())
+    assert torch.equal(img[..., 1], (5 + 11 + cols.clone().apply_(authors)).float())
+    assert torch.equal(img[..., 2], (5 + 11 - rows.clone().apply_(authors)).float())
+    assert got[-2:].tolist() == [[581.0] * 3, [582.0] * 3]  # the text after continues as 1-D RoPE
+
+
+def test_c2rope_allocation_and_rotation_recomputed_in_float64():
+    """Pair j (of 64) turns at base^(−2j/128): with m for j < 58, x for 58-60, y for 61-63 (the authors' split);
+    the angles of placed tokens are m·f_j, x·f_j or y·f_j, recomputed in float64; text rotates as 1-D RoPE."""
+    W = ropekit.frequency_matrix("c2rope", 128, 3).double()
+    for j in range(64):
+        axis = 0 if j < 58 else (1 if j < 61 else 2)
+        f = 10000.0 ** (-2 * j / 128)
+        assert abs(W[axis, j].item() - f) <= 1e-7 * f and W[:, j].count_nonzero() == 1, j
+    layout = "T3 I4x6 T2"
+    coords = positions(layout, "c2rope").double()
+    angles64 = [[t[0 if j < 58 else (1 if j < 61 else 2)] * 10000.0 ** (-2 * j / 128) for j in range(64)]
+                for t in c2rope_reference(layout)]
+    torch.testing.assert_close(coords @ W, torch.tensor(angles64, dtype=torch.float64), rtol=1e-7, atol=0)
+    text = positions("T9", "c2rope")
+    assert torch.equal(text @ ropekit.frequency_matrix("c2rope", 128, 3),
+                       positions("T9", "vanilla") @ ropekit.frequency_matrix("1d", 128, 1))
+    small = ropekit.frequency_matrix("c2rope", 16, 3)  # 8 pairs: one each for x and y
+    assert small[1].nonzero().flatten().tolist() == [6] and small[2].nonzero().flatten().tolist() == [7]
+    assert ropekit.frequency_matrix("c2rope", 16, 3, sections=[4, 2, 2])[2].count_nonzero() == 2
+    with pytest.raises(ValueError, match="sections"):
+        ropekit.frequency_matrix("c2rope", 16, 3, sections=[8, 0, 0])
+
+
+def test_c2rope_batched_index_equals_positions():
+    layouts = ["T2 I2x3 T1", "T1 I3x3 T3", "T4"]
+    rows, images = [], []
+    for lay in layouts:
+        row = []
+        for seg in Layout.parse(lay):
+            row += [int(isinstance(seg, Image))] * seg.num_tokens
+            if isinstance(seg, Image):
+                images.append([1, 2 * seg.h, 2 * seg.w])
+        rows.append(row)
+    length = max(map(len, rows))
+    types = torch.tensor([r + [0] * (length - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])
+    pos, delta = rope_index(None, types, torch.tensor(images), None, attention_mask=mask, design="c2rope")
+    for b, lay in enumerate(layouts):
+        want = torch.tensor(c2rope_reference(lay), dtype=torch.float32)
+        assert torch.equal(pos[:, b, mask[b].bool()], want.T), lay
+        assert delta[b, 0] == want[:, 0].max() + 1 - want.shape[0]
+
+
+@pytest.mark.parametrize("layout", ["T1 I4x4 T1", "T2 I3x5 I2x2 T1", "T1 V2x3x3", "T3"])
+def test_c2rope_chebyshev_mask_by_the_rule(layout):
+    """Causal, except inside one image (or frame): a token sees every token at least as far from the centre
+    (Chebyshev distance) as itself, later ones included."""
+    from ropekit.designs.c2rope import c2rope_attention_mask
+    group, ring = [], []
+    k = 0
+    for seg in Layout.parse(layout):
+        if isinstance(seg, Text):
+            group += [None] * seg.num_tokens
+            ring += [0] * seg.num_tokens
+            continue
+        for _ in range(seg.t if isinstance(seg, Video) else 1):
+            group += [k] * (seg.h * seg.w)
+            ring += chebyshev_reference(seg.h, seg.w)
+            k += 1
+    n = len(group)
+    want = torch.tensor([[ring[j] >= ring[i] if group[i] is not None and group[i] == group[j] else j <= i
+                          for j in range(n)] for i in range(n)])
+    got = c2rope_attention_mask(layout)
+    assert got.dtype == torch.bool and torch.equal(got, want)
+    additive = c2rope_attention_mask(layout, additive=True, dtype=torch.bfloat16)
+    assert additive.dtype == torch.bfloat16 and torch.equal(additive == 0, want)
+    assert (additive[~want] == torch.finfo(torch.bfloat16).min).all()
+
+
+def test_c2rope_mask_refusals():
+    from ropekit.designs.c2rope import MAX_MASK_TOKENS as LIMIT, c2rope_attention_mask
+    with pytest.raises(ValueError, match=r"c2rope_attention_mask: .* tokens; an \(L, L\) mask"):
+        c2rope_attention_mask(f"T{LIMIT + 1}")
+    with pytest.raises(TypeError, match="additive"):
+        c2rope_attention_mask("T1 I2x2", additive="yes")
+    with pytest.raises(TypeError, match="dtype"):
+        c2rope_attention_mask("T1 I2x2", additive=True, dtype=torch.int64)
+
+
 # ------------------------------------------------------------------------------------------------ registry, CLI
 
 def test_designs_are_registered_with_their_allocation():
@@ -293,7 +427,8 @@ def test_designs_are_registered_with_their_allocation():
         d = get_design(name)
         assert d.allocation == "1d" and d.block_rule is not None and d.axes == 1 and d.options == options
         assert name in ropekit.designs()
-    assert "c2rope" not in ropekit.designs()
+    d = get_design("c2rope")
+    assert d.allocation == "c2rope" and d.block_rule is not None and d.axes == 3 and d.options == ()
 
 
 def test_cli_places_the_new_designs(capsys):

@@ -8,5 +8,5 @@ from . import videorope, hope  # noqa: E402,F401
 from . import v2pe, mmrope, grape, tmrope, peer_names  # noqa: E402,F401
 
 __all__ = ["Design", "designs", "get_design", "positions", "register"]
-from . import idalign, pype  # noqa: E402,F401
+from . import idalign, pype, c2rope  # noqa: E402,F401
 from . import canvas  # noqa: E402,F401

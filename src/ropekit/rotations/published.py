@@ -21,6 +21,9 @@ is not rotated (NoPE). All of these take three axes (t, h, w).
   (even j) and w (odd j), the last ``t`` pairs are temporal. That is the ``"videorope"`` rule with
   explicit sections. The family rotates GPT-J pairs ``(2j, 2j + 1)``: use it with
   ``channels="interleaved"``.
+- ``"c2rope"`` (C²RoPE): the highest-frequency pairs to the 1-D position m (axis 0), then a run to x
+  (axis 1) and the lowest to y (axis 2); ``sections = [m, x, y]``, default ``[R/2 − 2k, k, k]`` with
+  ``k = max(1, round(3·(R/2)/64))`` (the authors' 58/3/3 of 64 pairs).
 - ``"mhrope"``: a *per-head* matrix ``(H, 3, R/2)``: ``sections = [n_t, n_h, n_w]`` (default
   ``[2, 3, 3]``) gives the number of whole heads that rotate every pair by t, h or w, in that order;
   a fourth entry adds that many heads with no rotation at all (MHRoPE's leftover heads).
@@ -95,6 +98,23 @@ def _mrope_interleave(half: int, sections, name: str) -> torch.Tensor:
     return axis
 
 
+def _c2rope(half: int, sections, name: str) -> torch.Tensor:
+    if sections is None:
+        k = max(1, (3 * half + 32) // 64)  # 3 of 64 pairs each for x and y, as in the authors' code
+        sections = [half - 2 * k, k, k]
+    if isinstance(sections, (str, bytes)) or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sections):
+        raise TypeError(f"allocation {name!r}: `sections` must be three ints [m, x, y] (numbers of frequency "
+                        f"pairs), got {sections!r}")
+    secs = [int(s) for s in sections]
+    if len(secs) != 3 or min(secs) < 1 or sum(secs) != half:
+        raise ValueError(f"allocation {name!r}: `sections` must be [m, x, y], each at least 1, summing to "
+                         f"rotary_dim/2 = {half} (e.g. [58, 3, 3] for rotary_dim 128), got {list(sections)}")
+    if half < 3:
+        raise ValueError(f"allocation {name!r} needs at least 3 frequency pairs (rotary_dim >= 6), got {half}")
+    return torch.repeat_interleave(torch.tensor([T, H, W]), torch.tensor(secs))
+
+
 #: name -> (axis rule (half, sections, name) -> axis per pair, temporal pairs get frequency 0)
 _RULES: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
     "mrope-interleave": (_mrope_interleave, False),
@@ -104,6 +124,7 @@ _RULES: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
     "hope-public": (lambda half, s, n: _videorope(half, s, True, n), True),
     "mmrope": (_mmrope, False),
     "bailing-mrope": (_bailing, False),
+    "c2rope": (_c2rope, False),
 }
 
 PUBLISHED = tuple(_RULES) + ("mhrope",)
