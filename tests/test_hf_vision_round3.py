@@ -227,3 +227,82 @@ def test_refusals_name_the_argument():
         patch_vision_model(_vjepa2(), "liere", num_axes=2)
     with pytest.raises(ValueError, match="linear-geope"):
         patch_vision_model(_gemma4(), "linear-geope")
+
+
+# ---------------------------------------------------------------------------------------------------
+# VideoLLaMA 3 (unbatched images of several sizes) and EXAONE 4.5 (Qwen2.5-VL windows, grouped-query qkv)
+
+
+def _video_llama_3():
+    from transformers import VideoLlama3VisionConfig
+    from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
+    cfg = VideoLlama3VisionConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                                  patch_size=2)
+    return VideoLlama3VisionModel(cfg).eval()
+
+
+def _video_llama_3_inputs(*grids):
+    return dict(pixel_values=torch.randn(sum(h * w for h, w in grids), 12),
+                grid_thw=torch.tensor([[1, h, w] for h, w in grids]), merge_sizes=torch.tensor([2] * len(grids)))
+
+
+def _exaone4_5():
+    from transformers.models.exaone4_5.configuration_exaone4_5 import Exaone4_5_VisionConfig
+    from transformers.models.exaone4_5.modeling_exaone4_5 import Exaone4_5_VisionModel
+    cfg = Exaone4_5_VisionConfig(depth=2, hidden_size=32, num_heads=2, num_key_value_heads=1, intermediate_size=40,
+                                 out_hidden_size=32, patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
+                                 window_size=8, fullatt_block_indexes=[1])
+    return Exaone4_5_VisionModel._from_config(cfg).eval()
+
+
+def _exaone_inputs(*grids):
+    return dict(hidden_states=torch.randn(sum(h * w for h, w in grids), 24),
+                grid_thw=torch.tensor([[1, h, w] for h, w in grids]))
+
+
+QWEN_LIKE = {"video_llama_3": (_video_llama_3, _video_llama_3_inputs), "exaone4_5": (_exaone4_5, _exaone_inputs)}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN_LIKE))
+def test_qwen_like_towers_reproduce_stock_and_place_every_image_grid(name, monkeypatch):
+    """Stock map bit for bit on two images of different sizes (and a larger one); every patch of each image at
+    its (row, column) as ropekit.positions places an image (the towers order them in merge windows)."""
+    torch.manual_seed(0)
+    build, inputs = QWEN_LIKE[name]
+    model, x, bigger = build(), inputs((4, 6), (4, 4)), inputs((8, 12))
+    stock = [_out(model, i) for i in (x, bigger)]
+    patch_vision_model(model, "axial")
+    for i, want in zip((x, bigger), stock):
+        assert torch.equal(_out(model, i), want), name
+        with torch.no_grad():
+            assert torch.equal(_out(model, i), want), name
+    patch_vision_model(model, "directional")
+    seen = _record(monkeypatch)
+    with torch.no_grad():
+        _out(model, x)
+    first, second = seen[0][:24], seen[0][24:]
+    for got, grid in ((first, "I4x6"), (second, "I4x4")):
+        want = ropekit.positions(grid, "rope2d")
+        assert torch.equal(got[torch.argsort(got[:, 0] * 100 + got[:, 1])], want), (name, grid)
+
+
+@pytest.mark.parametrize("name", sorted(QWEN_LIKE))
+def test_qwen_like_towers_train_every_family(name):
+    torch.manual_seed(0)
+    build, inputs = QWEN_LIKE[name]
+    model, x = build(), inputs((4, 6), (4, 4))
+    if name == "exaone4_5":  # per-head frequencies cannot pair a query head with its grouped key head
+        with pytest.raises(ValueError, match="family='mixed'.*fewer heads"):
+            patch_vision_model(model, "mixed")
+        assert not ropekit.hf.vision.is_vision_patched(model)
+        families = [f for f in FAMILIES if f[0] != "mixed"]
+    else:
+        families = FAMILIES
+    for family, options in families:
+        patch_vision_model(model, family, **options)
+        model.train()
+        model.zero_grad()
+        _out(model, x).square().mean().backward()
+        own = [p.grad for n, p in model.named_parameters() if "ropekit_rotary" in n]
+        assert all(g is not None and g.abs().sum() > 0 for g in own), (name, family)
+        assert bool(own) == (family in ("mixed", "comrope", "grape")), (name, family)

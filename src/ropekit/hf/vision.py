@@ -2,7 +2,8 @@
 
 ``patch_vision_model(model, family, **options)`` swaps the RoPE of transformers' DINOv3 ViT, Pixtral's
 vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower (alone or as the ``visual`` of the VL model), V-JEPA 2
-(encoder and predictor, 3-D: frame, row, column) and Gemma 4's vision encoder for a ropekit rotation family,
+(encoder and predictor, 3-D: frame, row, column), Gemma 4's, VideoLLaMA 3's and EXAONE 4.5's vision encoders
+for a ropekit rotation family,
 on that instance only; ``unpatch_vision_model`` gives the stock encoder back.
 
 Families (``family=``):
@@ -327,16 +328,20 @@ def _proj_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
     if ctx.tables is None:  # called outside the attention's forward: a plain projection
         return out
     heads = hook.num_heads
-    if hook.fused:  # Qwen: (L, 3·H·D), q and k are the first two thirds
-        qkv = out.reshape(1, out.shape[0], 3, heads, -1)
-        q, k, v = qkv.unbind(2)
+    if hook.fused:  # Qwen, EXAONE 4.5: (L, (H + 2·H_kv)·D), q then k then v
+        length, (q_heads, kv_heads) = out.shape[0], hook.split
+        dim = out.shape[-1] // (q_heads + 2 * kv_heads)
+        q = out[:, :q_heads * dim].view(1, length, q_heads, dim)
+        k = out[:, q_heads * dim:(q_heads + kv_heads) * dim].view(1, length, kv_heads, dim)
         q2, k2 = ctx.rotate(q), ctx.rotate(k)
         if q2 is q and k2 is k:  # rotated in place: out holds the result
             return out
-        return torch.stack((q2, k2, v), dim=2).reshape(out.shape)
+        return torch.cat((q2.reshape(length, -1), k2.reshape(length, -1), out[:, (q_heads + kv_heads) * dim:]), dim=-1)
     if hook.per_head:  # a q/k norm's output: (B, L, H, D) already
         return ctx.rotate(out)
-    return ctx.rotate(out.reshape(*out.shape[:-1], heads, -1)).reshape(out.shape)
+    x = out.reshape(*out.shape[:-1], heads, -1)
+    rotated = ctx.rotate(x if x.ndim == 4 else x[None])  # an unbatched (L, H·D) output gets a batch of one
+    return rotated.reshape(out.shape)
 
 
 def _method_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
@@ -400,7 +405,7 @@ def _check_boundary(rotary: nn.Module, adapter: VisionAdapter, encoder: nn.Modul
 # public functions
 
 _SUPPORTED = ("DINOv3 ViT, Pixtral's vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower, V-JEPA 2's encoder and "
-              "predictor, Gemma 4's vision encoder")
+              "predictor, Gemma 4's, VideoLLaMA 3's and EXAONE 4.5's vision encoders")
 
 
 def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, list[nn.Module]]:
@@ -451,6 +456,14 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
     _, rotary, adapter, encoder, attentions = _find(model)
     _check_boundary(rotary, adapter, encoder, attentions)
     sizes = [(adapter.head_dim(a), adapter.num_heads(a)) for a in attentions]
+    if key == "mixed" or "num_heads" in options:
+        grouped = [a for a in attentions if adapter.num_kv_heads(a) != adapter.num_heads(a)]
+        if grouped:
+            raise ValueError(
+                f"patch_vision_model: family={family!r} gives each head its own rotation, but this encoder's keys "
+                f"have fewer heads ({adapter.num_kv_heads(grouped[0])}) than its queries "
+                f"({adapter.num_heads(grouped[0])}), so a query head and the key head it reads would turn "
+                f"differently; use a family shared by all heads (drop `num_heads`)")
     rotators: dict = {}
     if key in ("axial", "directional", "geope"):
         if shared:
@@ -486,7 +499,8 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
                       adapter=adapter, vision=True)
         for p in _qk_modules(adapter):
             hooks.install(getattr(attn, p), "forward", _proj_forward, None, contract=_QK_OUTPUT, context=ctx,
-                          num_heads=num_heads, fused=adapter.fused_qkv, per_head=adapter.qk_per_head, vision=True)
+                          num_heads=num_heads, fused=adapter.fused_qkv,
+                          split=(num_heads, adapter.num_kv_heads(attn)), per_head=adapter.qk_per_head, vision=True)
     if adapter.style == "rotary":
         hooks.install(rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter), adapter=adapter,
                       head_dim=sizes[0][0], vision=True)

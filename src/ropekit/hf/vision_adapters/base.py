@@ -52,6 +52,10 @@ class VisionAdapter:
     def num_heads(self, attention: nn.Module) -> int:
         return attention.num_heads
 
+    def num_kv_heads(self, attention: nn.Module) -> int:
+        """Heads of k (fewer than q's with grouped-query attention)."""
+        return self.num_heads(attention)
+
     def base(self, rotary: nn.Module) -> float:
         """The encoder's RoPE base (its ``rope_theta``)."""
         return float(rotary.config.rope_parameters["rope_theta"])
