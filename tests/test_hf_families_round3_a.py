@@ -178,6 +178,20 @@ def _ovis2_image(rows_cols):  # <IMG_START>, whole image, <IMG_GRID>, tiles (<IM
     return ids + [75], lay + [Text(1)], 1 + rows * cols * (rows * cols > 1)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSeek-VL: SigLIP patches aligned one to one (4 x 4 tokens per image, written bare); Llama language model
+
+
+def _deepseek_vl():
+    return _model_class("DeepseekVLForConditionalGeneration")(T.DeepseekVLConfig(
+        vision_config=dict(VISION, model_type="siglip_vision_model"), text_config=dict(TEXT, model_type="llama"),
+        image_token_id=IMG))
+
+
+def _deepseek_vl_image(_):  # the image's 4 x 4 tokens, nothing around them
+    return [IMG] * 16, [Image(4, 4)], 1
+
+
 ROUND3 = {
     "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
                                               [("T", 2), ("I", (3, 2)), ("T", 3)]],
@@ -192,6 +206,8 @@ ROUND3 = {
     "ovis2": Family(_ovis2, _ovis2_image, [[("T", 2), ("I", (2, 2)), ("T", 2)], [("T", 3), ("I", (1, 1)), ("T", 1),
                                                                                  ("I", (1, 2)), ("T", 1)]],
                     pixels=_tiles),
+    "deepseek_vl": Family(_deepseek_vl, _deepseek_vl_image, [[("T", 2), ("I", 0), ("T", 2), ("I", 0), ("T", 1)],
+                                                             [("T", 3), ("I", 0), ("T", 2)]], pixels=_tiles),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
@@ -442,3 +458,21 @@ def test_ovis2_tokens_hold_the_patch_windows_of_their_grid_cell():
     finally:
         swap.remove()
     assert _windows(merged.reshape(S * S, 4, width)[..., 0], side) == _row_major(S, 2)
+
+
+def test_deepseek_vl_tokens_are_the_patch_grid():
+    """Token k of a DeepSeek-VL image is patch (k // 4, k % 4): the tower's patch embedding lists the patches row by
+    row (an image whose patch (r, c) is filled with r * 4 + c, embedded by a summing filter, comes out in that
+    order), and the aligner maps each feature alone (it commutes with reordering the tokens)."""
+    model = _seeded(_deepseek_vl)
+    embed = model.model.vision_model.embeddings.patch_embedding
+    marks = torch.arange(16.0).view(4, 4).repeat_interleave(2, 0).repeat_interleave(2, 1)  # 8 x 8 pixels
+    with torch.no_grad():
+        embed.weight.fill_(1.0)
+        embed.bias.zero_()
+        order = embed(marks.expand(1, 3, 8, 8)).flatten(2)[0, 0] / 12  # 3 channels x 2 x 2 pixels per patch
+        features = torch.randn(1, 16, VISION["hidden_size"], generator=torch.Generator().manual_seed(0))
+        aligned = model.model.aligner(features)
+        reordered = model.model.aligner(features.flip(1))
+    assert order.tolist() == list(range(16))
+    torch.testing.assert_close(reordered.flip(1), aligned, rtol=0, atol=0)

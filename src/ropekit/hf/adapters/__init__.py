@@ -4,6 +4,7 @@ from .base import Adapter
 from .cohere_compass import CohereCompass
 from .cosmos3 import Cosmos3Edge, Cosmos3Omni
 from .cohere2_vision import Cohere2Vision
+from .deepseek_vl import DeepseekVL
 from .ernie4_5_vl_moe import Ernie4_5VLMoe
 from .exaone4_5 import Exaone4_5
 from .gemma3 import Gemma3
@@ -40,7 +41,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(),
-    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(),
+    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
