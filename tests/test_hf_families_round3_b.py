@@ -87,6 +87,24 @@ def _exaone4_5_pixels(items, per_sample, g):  # flattened patches (3 channels x 
     return out
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Janus: one SigLIP-style patch grid per image (no merging) in a Llama language model
+
+
+def _janus():
+    return T.JanusForConditionalGeneration(T.JanusConfig(
+        text_config=dict(TEXT, model_type="llama"),
+        vision_config=dict(VISION, patch_size=4, num_image_tokens=S * S, projection_dim=32),
+        vq_config=dict(embed_dim=4, num_embeddings=32, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+                       num_res_blocks=1, projection_dim=32, image_token_embed_dim=32),
+        image_token_id=IMG))
+
+
+def _janus_image(_):  # <begin_of_image>, the patch grid, <end_of_image>
+    ids, lay = [IMG] * S * S, [Image(S, S)]
+    return [61] + ids + [62], [Text(1)] + lay + [Text(1)], 1
+
+
 ROUND3 = {
     "cohere2_vision": Family(_cohere2_vision, _cohere2_vision_image,
                              [[("T", 2), ("I", 3), ("T", 2)], [("T", 3), ("I", 1), ("T", 1), ("I", 2), ("T", 1)]],
@@ -97,6 +115,9 @@ ROUND3 = {
                         [[("T", 2), ("I", ("image", 1, 2, 3)), ("T", 2), ("I", ("video", 2, 2, 2)), ("T", 1)],
                          [("T", 3), ("I", ("image", 1, 3, 2)), ("T", 1)]], pixels=_exaone4_5_pixels,
                         counts_padding=True),
+    "janus": Family(_janus, _janus_image, [[("T", 3), ("I", 0), ("T", 2), ("I", 0), ("T", 1)], [("T", 2), ("I", 0),
+                                                                                              ("T", 3)]],
+                    pixels=_tiles),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 
@@ -252,3 +273,38 @@ def test_mistral_large4_rotary_scales_its_frequencies_by_a_trained_parameter():
     assert not torch.allclose(trained, cos)
     rotary(x, pos)[0].sum().backward()
     assert rotary.alpha.grad is not None and bool(rotary.alpha.grad.abs().sum() > 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Janus specifics
+
+
+def test_janus_image_tokens_are_the_patch_grid_row_by_row():
+    """The tower's own embeddings of an image whose patch (r, c) is filled with r * s + c (the conv averaging each
+    patch, no position embedding): token k is patch k, the ``s x s`` grid ropekit places, unmerged."""
+    model = _seeded(_janus)
+    emb = model.model.vision_model.embeddings
+    p = emb.patch_size
+    image = torch.arange(S * S, dtype=torch.float32).view(S, S).repeat_interleave(p, 0).repeat_interleave(p, 1)
+    with torch.no_grad():
+        emb.patch_embedding.weight.fill_(1.0 / (3 * p * p))
+        emb.patch_embedding.bias.zero_()
+        emb.position_embedding.weight.zero_()
+        out = emb(image.expand(1, 3, S * p, S * p))
+    assert torch.allclose(out[0, :, 0], torch.arange(S * S, dtype=torch.float32), atol=1e-5)
+
+
+def test_janus_image_generation_is_the_stock_models_under_every_design():
+    """Image generation runs the language model on VQ-code embeddings, no image tokens: the patched model sees text,
+    so under vanilla and under a multimodal design alike it generates the stock model's codes."""
+    model = ready_to_generate(_seeded(_janus), PAD, [IMG])
+    model.generation_config.generation_kwargs = {"boi_token_id": 61}
+    model.generation_config.bos_token_id = 1
+    ids = torch.tensor([[1, 5, 6, 7, 61]])
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), generation_mode="image", do_sample=False,
+              guidance_scale=2.0)
+    with torch.no_grad():
+        stock = model.generate(**kw)
+        for design in ("vanilla", "circle"):
+            patch_model(model, design)
+            assert torch.equal(model.generate(**kw), stock), design

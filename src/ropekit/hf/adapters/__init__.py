@@ -14,6 +14,7 @@ from .glm_ocr import GlmOcr
 from .hy_v4_vl import HYV4VL
 from .idefics3 import Idefics3
 from .internvl import InternVL
+from .janus import Janus
 from .llama4 import Llama4
 from .lfm2_vl import Lfm2Vl
 from .llava import Llava
@@ -40,7 +41,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
-    AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(),
+    AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(),
     Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
