@@ -306,3 +306,40 @@ def test_qwen_like_towers_train_every_family(name):
         own = [p.grad for n, p in model.named_parameters() if "ropekit_rotary" in n]
         assert all(g is not None and g.abs().sum() > 0 for g in own), (name, family)
         assert bool(own) == (family in ("mixed", "comrope", "grape")), (name, family)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Llama 4: a complex rotary table, the class token last and unrotated
+
+
+def _llama4():
+    from transformers import Llama4VisionConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4VisionModel
+    cfg = Llama4VisionConfig(hidden_size=32, num_attention_heads=2, intermediate_size=128, num_hidden_layers=2,
+                             image_size=16, patch_size=4, vision_output_dim=32, projector_input_dim=32,
+                             projector_output_dim=32, pixel_shuffle_ratio=0.5)
+    return Llama4VisionModel(cfg).eval()
+
+
+def test_llama4_stock_map_reproduces_the_encoder_and_places_the_grid_after_the_class_token(monkeypatch):
+    """Bit for bit (autograd and in-place inference); the patches at ropekit.positions of "T1 I4x4" under rope2d,
+    the class token being the unrotated origin (it stands last in the sequence and keeps its values)."""
+    torch.manual_seed(0)
+    model, x = _llama4(), dict(pixel_values=torch.randn(2, 3, 16, 16))
+    stock = _out(model, x)
+    patch_vision_model(model, "axial")
+    assert torch.equal(_out(model, x), stock)
+    with torch.no_grad():
+        assert torch.equal(_out(model, x), stock)
+    patch_vision_model(model, "axial", frequencies="axial")  # the stock pairs adjacent channels: other outputs
+    assert not torch.allclose(_out(model, x), stock, rtol=1e-5, atol=0)
+    seen = _record(monkeypatch)
+    with torch.no_grad():
+        _out(model, x)
+    assert len(seen) == 2 and all(torch.equal(c, ropekit.positions("T1 I4x4", "rope2d")[1:]) for c in seen)
+
+
+def test_llama4_every_family_trains():
+    torch.manual_seed(0)
+    x = dict(pixel_values=torch.randn(2, 3, 16, 16))
+    _trains(_llama4(), lambda m: _out(m, x), 2, "llama4")

@@ -2,8 +2,8 @@
 
 ``patch_vision_model(model, family, **options)`` swaps the RoPE of transformers' DINOv3 ViT, Pixtral's
 vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower (alone or as the ``visual`` of the VL model), V-JEPA 2
-(encoder and predictor, 3-D: frame, row, column), Gemma 4's, VideoLLaMA 3's and EXAONE 4.5's vision encoders
-for a ropekit rotation family,
+(encoder and predictor, 3-D: frame, row, column), Gemma 4's, VideoLLaMA 3's, EXAONE 4.5's and Llama 4's vision
+encoders for a ropekit rotation family,
 on that instance only; ``unpatch_vision_model`` gives the stock encoder back.
 
 Families (``family=``):
@@ -67,8 +67,8 @@ class _Planar:
     """A shared planar rotation ``angles(coords, W)`` (axial, directional)."""
 
     def __init__(self, W: Optional[torch.Tensor] = None, rope: Optional[DirectionalRoPE] = None,
-                 perm: Optional[torch.Tensor] = None) -> None:
-        self.W, self.rope, self.perm = W, rope, perm
+                 perm: Optional[torch.Tensor] = None, channels: str = "half") -> None:
+        self.W, self.rope, self.perm, self.channels = W, rope, perm, channels
         # apply(..., inplace=True) rotates x where it lies (no allocation); a permuted layout rotates a copy
         self.writes_in_place = perm is None
 
@@ -79,7 +79,7 @@ class _Planar:
 
     def apply(self, x: torch.Tensor, tables, inplace: bool = False) -> torch.Tensor:
         if self.perm is None:
-            return apply_rotary_fused(x, *tables, channels="half", seq_dim=-2, out=x if inplace else None)
+            return apply_rotary_fused(x, *tables, channels=self.channels, seq_dim=-2, out=x if inplace else None)
         # the stock layout is the half-split one on permuted channels: rotate there, put the channels back
         perm = self.perm.to(x.device)
         y = apply_rotary_fused(x[..., perm], *tables, channels="half", seq_dim=-2)
@@ -244,7 +244,8 @@ def _shared_rotator(family: str, options: dict, adapter: VisionAdapter, rotary: 
             own = adapter.stock_rotator(rotary, head_dim)
             if own is not None:
                 return own
-            return _Planar(adapter.stock_frequencies(rotary), perm=adapter.stock_permutation(head_dim))
+            return _Planar(adapter.stock_frequencies(rotary), perm=adapter.stock_permutation(head_dim),
+                           channels=adapter.stock_channels)
         if frequencies == "axial":
             return _Planar(frequency_matrix("axial", _rotary_width(head_dim, axes), axes, base=base))
         raise ValueError(f"patch_vision_model: `frequencies` must be 'stock' (the encoder's own layout) or "
@@ -405,7 +406,7 @@ def _check_boundary(rotary: nn.Module, adapter: VisionAdapter, encoder: nn.Modul
 # public functions
 
 _SUPPORTED = ("DINOv3 ViT, Pixtral's vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower, V-JEPA 2's encoder and "
-              "predictor, Gemma 4's, VideoLLaMA 3's and EXAONE 4.5's vision encoders")
+              "predictor, Gemma 4's, VideoLLaMA 3's, EXAONE 4.5's and Llama 4's vision encoders")
 
 
 def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, list[nn.Module]]:

@@ -3,6 +3,7 @@ from .base import VisionAdapter
 from .dinov3 import DINOv3Adapter
 from .exaone4_5 import Exaone45VisionAdapter
 from .gemma4 import Gemma4VisionAdapter
+from .llama4 import Llama4VisionAdapter
 from .pixtral import PixtralAdapter
 from .qwen2_vl import Qwen2VLVisionAdapter, Qwen25VLVisionAdapter
 from .video_llama_3 import VideoLlama3VisionAdapter
@@ -11,6 +12,7 @@ from .vjepa2 import VJEPA2Adapter
 VISION_ADAPTERS: tuple[VisionAdapter, ...] = (
     DINOv3Adapter(), PixtralAdapter(), Qwen2VLVisionAdapter(), Qwen25VLVisionAdapter(), VJEPA2Adapter(),
     Gemma4VisionAdapter(), VideoLlama3VisionAdapter(), Exaone45VisionAdapter(),
+    Llama4VisionAdapter(),
 )
 
 __all__ = ["VisionAdapter", "VISION_ADAPTERS"]
