@@ -59,7 +59,7 @@ def test_the_checker_sees_lazy_and_relative_imports():
 # The core, lowest layer first: a core module imports only modules of its own rank or below. ``_extras`` and
 # ``_terminal`` are small helpers with no ropekit imports.
 CORE_RANKS = {"_extras": 0, "_terminal": 0, "layout": 0, "designs": 1, "rotations": 2, "age": 2, "block_cache": 2,
-              "apply": 3, "index": 3, "rope": 4, "nn": 5, "analysis": 6, "hf": 7}
+              "apply": 3, "index": 3, "request_index": 3, "rope": 4, "nn": 5, "analysis": 6, "hf": 7}
 # The lab: training experiments, the report and everything that draws (matplotlib, the report extra).
 LAB = {"experiments", "report", "viz", "analysis.figures", "analysis.nd_figures"}
 # The front door: the package's own namespace and the command line, which reach both (the CLI lazily).

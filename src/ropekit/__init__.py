@@ -11,6 +11,7 @@ from .layout import Audio, Grid, Image, Layout, Text, Video, VideoAudio
 # 2. position designs (+ the batched Hugging Face-compatible index, + AGE layer schedules)
 from .designs import Design, designs, get_design, positions, register
 from .index import decode_positions, hope_index, rope_index
+from .request_index import request_positions
 from .age import age_schedule
 
 # 3. rotation families
@@ -45,7 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Layout", "Text", "Image", "Video", "Audio", "VideoAudio", "Grid",
-    "positions", "designs", "get_design", "register", "Design", "rope_index", "hope_index", "decode_positions", "age_schedule",
+    "positions", "designs", "get_design", "register", "Design", "rope_index", "hope_index", "decode_positions", "request_positions", "age_schedule",
     "frequency_matrix", "inv_freq", "angles", "ALLOCATIONS",
     "nd_directions", "directional_matrix", "MixedFrequencies", "mixed_init",
     "GeoPERotation", "geope_frequencies", "geope_rotation", "channel_coefficients",

@@ -20,6 +20,7 @@ the cache.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from typing import NamedTuple, Optional
@@ -29,7 +30,7 @@ import torch
 
 from .designs.registry import BlockTable, unpack_placed
 
-__all__ = ["MAX_BYTES", "clear", "place", "place_columns", "columns", "Placement"]
+__all__ = ["MAX_BYTES", "clear", "place", "place_columns", "place_specs", "columns", "Placement", "Listed"]
 
 #: Most bytes all arenas together may hold (tables and per-block rows); 0 turns the cache off. The ~2.5k
 #: benchmark batch (265 distinct blocks, ~40k block tokens) needs about 0.5 MiB per design with 3 axes.
@@ -85,6 +86,9 @@ class _Arena:
         self.table[:, : self.zeros] = 0.0
         self.table[:, self.zeros: base] = np.arange(self.diag_len)
         self.used = base
+        # per block, as Python numbers for one request's look-ups: first row less the zero and diagonal rows
+        # (so that growing those regions leaves it as it is), advance, largest offset per axis, largest |offset|
+        self.listed: list = []
 
     @property
     def nbytes(self) -> int:
@@ -136,6 +140,8 @@ class _Arena:
         self.first[rows] = first + self.used
         a = self.axes
         self.info[rows, :a], self.info[rows, a: 2 * a], self.info[rows, 2 * a] = advance, top, absmax
+        self.listed.extend(zip((first + (self.used - self.zeros - self.diag_len)).tolist(), advance.tolist(),
+                               top.tolist(), absmax.tolist()))
         slot = self.count
         for iv, ks in keys:  # [(Δt, [packed sizes])], in block order
             self.slots.setdefault(iv, {}).update(zip(ks, range(slot, slot + len(ks))))
@@ -249,6 +255,57 @@ def place(rule, options: dict, keys: np.ndarray, levels: np.ndarray, pad: int, t
                 if arena.nbytes <= MAX_BYTES:
                     _ARENAS[key] = arena
         return arena.placement(slots)
+
+
+class Listed(NamedTuple):
+    """:class:`Placement` with its per-block parts as Python lists (``first``, ``advance``, ``top``) and
+    ``absmax`` a float, for code that walks a few blocks in Python."""
+
+    table: np.ndarray
+    diag: int
+    first: list
+    advance: list
+    top: list
+    absmax: float
+    absolute: Optional[np.ndarray]
+    gap: Optional[np.ndarray]
+
+
+def place_specs(rule, options: dict, specs: list, text: int) -> Listed:
+    """:func:`place` for a few blocks given as sorted distinct tuples ``(Δt, is video, t, h, w)`` (one
+    request's), with no zero rows asked for: blocks all kept are found with dictionary look-ups alone."""
+    key = _key(rule, options) if MAX_BYTES > 0 else None
+    if key is not None and specs:
+        with _LOCK:
+            arena = _ARENAS.get(key)
+            if arena is not None and text <= arena.diag_len:
+                listed, slots, got = arena.listed, arena.slots, []
+                for iv, isv, t, h, w in specs:
+                    found = slots.get(iv)
+                    found = None if found is None else found.get((isv << 46) | (t << 32) | (h << 16) | w)
+                    if found is None or t >= MAX_T or h >= MAX_HW or w >= MAX_HW:
+                        break
+                    got.append(listed[found])
+                else:
+                    _ARENAS.move_to_end(key)
+                    base = arena.zeros + arena.diag_len
+                    absmax = [g[3] for g in got]
+                    absmax = max(absmax) if all(x == x for x in absmax) else math.nan  # NaN stays NaN
+                    return Listed(arena.table, arena.zeros, [g[0] + base for g in got], [g[1] for g in got],
+                                  [g[2] for g in got], absmax, arena.absolute, arena.gap)
+    levels = sorted({s[0] for s in specs})
+    if (specs and (max(s[2] for s in specs) >= MAX_T or max(max(s[3], s[4]) for s in specs) >= MAX_HW
+                   or len(levels) > MAX_LEVELS)):
+        cols = np.array([s[1:] for s in specs], dtype=np.int64).T
+        placed = place_columns(rule, options, cols[0], cols[1], cols[2], cols[3],
+                               np.array([s[0] for s in specs], dtype=np.float64), 0, text)
+    else:
+        rank = {iv: i for i, iv in enumerate(levels)}
+        keys = np.array([(rank[iv] << LEVEL_SHIFT) | (isv << 46) | (t << 32) | (h << 16) | w
+                         for iv, isv, t, h, w in specs], dtype=np.int64)
+        placed = place(rule, options, keys, np.array(levels, dtype=np.float64), 0, text)
+    return Listed(placed.table, placed.diag, placed.first.tolist(), placed.advance.tolist(), placed.top.tolist(),
+                  placed.absmax, placed.absolute, placed.gap)
 
 
 def _group(ivs: list, packed: list) -> list:

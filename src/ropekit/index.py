@@ -345,11 +345,28 @@ def _check_dtype(dtype: object) -> None:
 _PROBE = "T2 I3x4 T1 V3x2x5 T2"  # images, a video and text: shows whether a design places tokens off the integers
 
 
+#: design function and options (see block_cache) -> None when they place the probe at whole numbers, else one
+#: fractional position: what :func:`_as_int64` found before, so that it places the probe once per design
+_PROBED: dict = {}
+
+
+def _probe_fraction(design, design_options: dict) -> Optional[float]:
+    key = _block_cache._key(design.fn, design_options)
+    if key is not None and key in _PROBED:
+        return _PROBED[key]
+    probe = positions(_PROBE, design.name, **design_options)
+    frac = None if _whole(probe) else probe[probe != probe.round()][0].item()
+    if key is not None:
+        if len(_PROBED) >= 256:
+            _PROBED.clear()
+        _PROBED[key] = frac
+    return frac
+
+
 def _as_int64(pos: torch.Tensor, delta: torch.Tensor, design, design_options: dict):
     """Positions and deltas as int64, refused unless the design (on any input) and this batch are whole numbers."""
-    probe = positions(_PROBE, design.name, **design_options)
-    if not _whole(probe):
-        frac = probe[probe != probe.round()][0].item()
+    frac = _probe_fraction(design, design_options)
+    if frac is not None:
         raise ValueError(
             f"rope_index: `dtype`=torch.int64 needs whole-number positions, but design {design.name!r}"
             f"{describe_options(design_options)} places tokens at fractional positions (e.g. {frac:g} for "
