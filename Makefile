@@ -49,7 +49,7 @@ LOCK_VENV := .venv-lock
 fresh_venv = rm -rf $(1) && $(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
 	&& $(1)/bin/python -m pip install -q $(TORCH_FROM)"$(TORCH_SPEC)"
 
-.PHONY: demo test bench bench-quick setup clean experiments experiments-standard lock test-compat compat-newest
+.PHONY: demo test bench bench-quick setup clean experiments experiments-standard lock test-compat compat-newest test-lmms
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -162,5 +162,24 @@ $(COMPAT)/newest/.ropekit-transformers-%: pyproject.toml $(LOCK)
 	$(COMPAT)/newest/bin/python -m pip install -q $(COMPAT_PKGS) "transformers==$*" -c $(COMPAT)/newest/constraints.txt
 	touch $@
 
+# lmms-eval on a saved ropekit checkpoint (docs/finetune.md, "Evaluating with lmms-eval"): its own venv, never part
+# of `make test`. lmms-eval's requirements bring their own torch and torchvision (a matching pair from the index),
+# so TORCH_SPEC is not applied here; ropekit goes in last, with its hf extra, at the transformers they leave.
+# filelock<4: lmms-eval 0.7.3's evaluator imports filelock._api, which filelock 4 no longer has.
+LMMS_VENV := .venv-lmms
+LMMS_VERSION := 0.7.3
+LMMS_STAMP := $(LMMS_VENV)/.ropekit-lmms-$(LMMS_VERSION)
+
+$(LMMS_STAMP): pyproject.toml
+	rm -rf $(LMMS_VENV) && $(PYTHON) -m venv $(LMMS_VENV) && $(LMMS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMMS_VENV)/bin/python -m pip install -q "lmms-eval==$(LMMS_VERSION)" "filelock<4"
+	$(LMMS_VENV)/bin/python -m pip install -q -e ".[hf]"
+	touch $@
+
+# a tiny patched Qwen2-VL saved with its processor, loaded and run by lmms-eval's CLI (--model ropekit) on a local
+# one-document task, its answer checked against the patched model's own generation; offline
+test-lmms: $(LMMS_STAMP)
+	$(LMMS_VENV)/bin/python dev/lmms_eval_check.py
+
 clean:
-	rm -rf $(VENV) $(COMPAT) $(LOCK_VENV) report
+	rm -rf $(VENV) $(COMPAT) $(LOCK_VENV) $(LMMS_VENV) report

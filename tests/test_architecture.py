@@ -67,7 +67,8 @@ FRONT = {"__init__", "__main__", "cli"}
 # Packages a core module may import besides the standard library, and where. Optional ones only inside a function
 # (``_extras`` imports matplotlib to say which extra installs it when it is missing).
 CORE_PACKAGES = {"torch", "numpy"}
-OPTIONAL = {"transformers": "hf", "triton": "apply.triton_rope", "matplotlib": "_extras"}
+OPTIONAL = {"transformers": "hf", "triton": "apply.triton_rope", "matplotlib": "_extras",
+            "lmms_eval": "hf.lmms_backend", "accelerate": "hf.lmms_backend"}
 
 
 def _name(path: Path) -> str:
