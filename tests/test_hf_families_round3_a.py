@@ -192,6 +192,30 @@ def _deepseek_vl_image(_):  # the image's 4 x 4 tokens, nothing around them
     return [IMG] * 16, [Image(4, 4)], 1
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# VideoLLaMA3: images of any shape (merge 1: one token per patch), video frames merged 2 x 2; Qwen2 language model
+
+VID = 75  # VideoLLaMA3's video token
+
+
+def _video_llama_3():
+    return _model_class("VideoLlama3ForConditionalGeneration")(T.VideoLlama3Config(
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=2),
+        text_config=dict(TEXT, model_type="qwen2"), image_token_id=IMG, video_token_id=VID))
+
+
+def _video_llama_3_image(rows_cols):  # the image's tokens alone
+    rows, cols = rows_cols
+    return [IMG] * rows * cols, [Image(rows, cols)], (rows, cols)
+
+
+def _patch_rows(images, per_sample, g):  # every image's patches (12 values each), its (1, h, w) grid, merge 1
+    return {"pixel_values": torch.rand(sum(r * c for r, c in images), 12, generator=g),
+            "image_grid_thw": torch.tensor([[1, r, c] for r, c in images]),
+            "image_merge_sizes": torch.ones(len(images), dtype=torch.long)}
+
+
 ROUND3 = {
     "gemma4": Family(_gemma4, _gemma4_image, [[("T", 3), ("I", (2, 3)), ("T", 2), ("I", (2, 2)), ("T", 1)],
                                               [("T", 2), ("I", (3, 2)), ("T", 3)]],
@@ -208,6 +232,9 @@ ROUND3 = {
                     pixels=_tiles),
     "deepseek_vl": Family(_deepseek_vl, _deepseek_vl_image, [[("T", 2), ("I", 0), ("T", 2), ("I", 0), ("T", 1)],
                                                              [("T", 3), ("I", 0), ("T", 2)]], pixels=_tiles),
+    "video_llama_3": Family(_video_llama_3, _video_llama_3_image, [[("T", 2), ("I", (2, 3)), ("T", 2)],
+                                                                   [("T", 3), ("I", (3, 2)), ("T", 1), ("I", (2, 2)),
+                                                                    ("T", 1)]], pixels=_patch_rows),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
 base.UNPACKED.add("gemma4")  # its forward builds the two-way image masks
@@ -476,3 +503,41 @@ def test_deepseek_vl_tokens_are_the_patch_grid():
         reordered = model.model.aligner(features.flip(1))
     assert order.tolist() == list(range(16))
     torch.testing.assert_close(reordered.flip(1), aligned, rtol=0, atol=0)
+
+
+def test_video_llama_3_tokens_average_the_windows_of_their_grid_cell():
+    """Marker features through the tower's own unshuffle and resize (merge 2, patches listed window by window as the
+    processor lists them): token k of a 4 x 6 patch frame is the mean of the 2 x 2 window at row k // 3,
+    column k % 3, the grid ropekit places."""
+    model = _seeded(_video_llama_3)
+    h, w, m = 4, 6, 2
+    order = [(i * m + a, j * m + b) for i in range(h // m) for j in range(w // m) for a in range(m) for b in range(m)]
+    marks = torch.tensor([float(r * w + c) for r, c in order])[:, None]
+    tokens = model.model.vision_model.pixel_unshuffle(marks, torch.tensor([[1, h, w]]), torch.tensor([m]))[:, 0]
+    want = [sum((2 * (k // 3) + a) * w + 2 * (k % 3) + b for a in (0, 1) for b in (0, 1)) / 4 for k in range(6)]
+    assert tokens.tolist() == want
+
+
+def test_video_llama_3_video_frames_are_blocks_of_their_own():
+    """A video as the processor writes it (``Time <s>s:`` then each frame's tokens): ``vanilla`` gives the stock
+    logits, a design places each frame as a one-frame block of its grid, and a frame that token compression cut
+    only in part is refused (its kept tokens are no grid)."""
+    model = _seeded(_video_llama_3)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.tensor([[5, 6, 40] + [VID] * 4 + [41, 42] + [VID] * 4 + [7, 8]])  # 2 frames of 2 x 2 tokens
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), video_grid_thw=torch.tensor([[2, 4, 4]]),
+                  pixel_values_videos=torch.rand(32, 12, generator=g), video_merge_sizes=torch.tensor([2]))
+    stock = _logits(model, inputs)
+    patch_model(model, "vanilla")
+    assert torch.equal(_logits(model, inputs), stock)
+    patch_model(model, "circle")
+    _logits(model, inputs)
+    want = reference_positions(inputs, [Layout([Text(3), Video(1, 2, 2), Text(2), Video(1, 2, 2), Text(2)])], "circle")
+    for pos in last_positions(model).values():
+        assert torch.equal(pos, want)
+    kept = torch.ones(8, dtype=torch.bool)
+    kept[5] = False  # one token of the second frame dropped
+    cut = torch.cat([ids[:, :12], ids[:, 13:]], 1)
+    with pytest.raises(ValueError, match="kept 3 of the 4 tokens of frame 1"):
+        model(**dict(inputs, input_ids=cut, attention_mask=torch.ones_like(cut), video_compression_mask=kept))
+    restore(model)

@@ -36,13 +36,14 @@ from .qwen3_5_moe import Qwen3_5Moe
 from .qwen4_exp import Qwen4Exp
 from .refused import REFUSED
 from .smolvlm import SmolVLM
+from .video_llama_3 import VideoLlama3
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     Qwen2VL(), Qwen2_5VL(), Qwen3VL(), Qwen3VLMoe(), Qwen3_5(), Qwen3_5Moe(), Glm4V(), Glm4VMoe(), Glm46V(),
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(),
-    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(),
+    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
