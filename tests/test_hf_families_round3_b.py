@@ -105,6 +105,35 @@ def _janus_image(_):  # <begin_of_image>, the patch grid, <end_of_image>
     return [61] + ids + [62], [Text(1)] + lay + [Text(1)], 1
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# MiniMax-M3-VL: a Qwen-style vision tower (2 x 2 merged by the projector) in a 1-D MiniMax M3 language model with a
+# block-sparse layer; a video frame is a block of its own, its timestamp text before it. The samples are of one
+# length: the sparse layers' indexer places key blocks by cache slot and masks by position, so a left-padded row's
+# logits depend on the batch's length in the stock model itself (transformers notes it), and cached generation
+# would not equal a teacher-forced pass there under any patch.
+
+
+def _minimax_m3_vl():
+    text = dict(TEXT, head_dim=16, num_local_experts=2, num_experts_per_tok=1, dense_intermediate_size=48,
+                shared_intermediate_size=16, index_n_heads=1, index_head_dim=8, index_block_size=4,
+                index_topk_blocks=2, index_local_blocks=1, layer_types=["full_attention", "minimax_m3_sparse"],
+                mlp_layer_types=["dense", "sparse"], bos_token_id=1, eos_token_id=1)
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, patch_size=2,
+                  temporal_patch_size=2, spatial_merge_size=2)
+    return T.MiniMaxM3SparseForConditionalGeneration(T.MiniMaxM3VLConfig(
+        text_config=text, vision_config=vision, image_token_index=IMG, video_token_index=VID, projector_hidden_size=32))
+
+
+def _minimax_m3_vl_item(spec):  # an image: <vision_start> tokens <vision_end>; a video: that per frame after a time
+    kind, t, h, w = spec
+    if kind == "image":
+        return [VSTART] + [IMG] * (h * w) + [VEND], [Text(1), Image(h, w), Text(1)], spec
+    ids, lay = [], []
+    for _ in range(t):
+        ids, lay = ids + [64, VSTART] + [VID] * (h * w) + [VEND], lay + [Text(2), Video(1, h, w), Text(1)]
+    return ids, lay, spec
+
+
 ROUND3 = {
     "cohere2_vision": Family(_cohere2_vision, _cohere2_vision_image,
                              [[("T", 2), ("I", 3), ("T", 2)], [("T", 3), ("I", 1), ("T", 1), ("I", 2), ("T", 1)]],
@@ -118,8 +147,12 @@ ROUND3 = {
     "janus": Family(_janus, _janus_image, [[("T", 3), ("I", 0), ("T", 2), ("I", 0), ("T", 1)], [("T", 2), ("I", 0),
                                                                                               ("T", 3)]],
                     pixels=_tiles),
+    "minimax_m3_vl": Family(_minimax_m3_vl, _minimax_m3_vl_item,
+                            [[("T", 2), ("I", ("image", 1, 2, 3)), ("T", 2), ("I", ("video", 2, 2, 2)), ("T", 1)],
+                             [("T", 3), ("I", ("image", 1, 3, 2)), ("T", 16)]], pixels=_exaone4_5_pixels),
 }
 base.FAMILIES.update(ROUND3)  # the shared tests read the families from that table
+base.UNPACKED.add("minimax_m3_vl")  # its sparse layers pick key blocks by cache slot: packing is refused
 
 
 @pytest.fixture(scope="module", params=list(ROUND3))
@@ -232,14 +265,21 @@ def test_aria_image_tokens_are_learned_queries_with_no_grid_cell():
 # EXAONE 4.5 specifics
 
 
-def test_exaone4_5_tokens_hold_the_patches_of_their_grid_cell():
-    """The patch merger joins each run of m² consecutive patches into one token; the vision tower's own 2-D rotary
-    position ids say where those patches sit: token k of a frame holds the m x m window at row k // (w/m), column
-    k % (w/m), frame after frame (the ``t x h/m x w/m`` grid ropekit places)."""
+@pytest.mark.parametrize("name", ["exaone4_5", "minimax_m3_vl"])
+def test_qwen_style_tokens_hold_the_patches_of_their_grid_cell(name):
+    """The merger (EXAONE 4.5) or projector (MiniMax-M3-VL) joins each run of m² consecutive patches into one token;
+    the vision tower's own rotary position ids (with the tower's own flags) say where those patches sit: token k of
+    a frame holds the m x m window at row k // (w/m), column k % (w/m), frame after frame (the ``h/m x w/m`` grid
+    ropekit places per image or frame)."""
     from transformers.vision_utils import get_vision_position_ids
 
-    t, h, w, m = 2, 4, 6, 2
-    rows_cols = get_vision_position_ids(torch.tensor([[t, h, w]]), m).view(-1, m * m, 2)
+    model = _seeded(ROUND3[name].build)
+    tower = getattr(model.model, "visual", None) or model.model.vision_tower
+    m = model.config.vision_config.spatial_merge_size
+    t, h, w = 2, 4, 6
+    temporal = getattr(tower, "include_temporal", False)
+    rows_cols = get_vision_position_ids(torch.tensor([[t, h, w]]), m, include_temporal=temporal)[:, -2:]
+    rows_cols = rows_cols.reshape(-1, m * m, 2)
     want = [([m * r, m * r + 1], [m * c, m * c + 1]) for _ in range(t) for r in range(h // m) for c in range(w // m)]
     assert [(sorted(set(g[:, 0].tolist())), sorted(set(g[:, 1].tolist()))) for g in rows_cols] == want
 

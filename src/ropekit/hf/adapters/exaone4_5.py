@@ -31,6 +31,8 @@ from .llava import Llava, encoded_images, place_items
 
 class Exaone4_5(Llava):
     model_type = "exaone4_5"
+    label = "EXAONE 4.5"  # the family's name in messages
+    frames_apart = False  # the processor writes each video frame as a block of its own (text between frames)
     forward_params = frozenset({"image_grid_thw", "video_grid_thw"})
     counts_padding = True  # its forward counts token i at i, and its generate drops the mask-aware position ids
     generate_drops_positions = True
@@ -41,7 +43,7 @@ class Exaone4_5(Llava):
     def spatial_merge(self, config: Any) -> int:
         m = int(getattr(config.vision_config, "spatial_merge_size", 0) or 0)
         if m < 1:
-            raise ValueError(f"patch_model: EXAONE 4.5's vision config has no spatial_merge_size (got {m})")
+            raise ValueError(f"patch_model: {self.label}'s vision config has no spatial_merge_size (got {m})")
         return m
 
     def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
@@ -51,24 +53,25 @@ class Exaone4_5(Llava):
                              m, "image")
         videos = self._grids(kwargs.get("video_grid_thw"), kwargs.get("pixel_values_videos"),
                              encoded.get("video") if isinstance(encoded, dict) else None, m, "video")
+        if videos is not None and self.frames_apart:
+            videos = [[(1, h, w)] for item in videos for t, h, w in item for _ in range(t)]
         types, images = place_items(types, 1, images, "image")
         types, videos = place_items(types, 2, videos, "video")
         return types, images, videos
 
-    @staticmethod
-    def _grids(grid_thw: Any, pixels: Any, encoded: Any, m: int, what: str) -> Optional[list]:
+    def _grids(self, grid_thw: Any, pixels: Any, encoded: Any, m: int, what: str) -> Optional[list]:
         """Each image's (or video's) token grid ``(t, h/m, w/m)``; None without pixels or encoded features (its
         tokens are then text, as in the stock model)."""
         if pixels is None and encoded is None:
             return None
         if grid_thw is None:
             raise ValueError(
-                f"patched EXAONE 4.5: {what}s were given without `{what}_grid_thw`; pass the grids the processor "
+                f"patched {self.label}: {what}s were given without `{what}_grid_thw`; pass the grids the processor "
                 f"returns (they decide each {what}'s token grid, and the model's vision tower needs them too)"
             )
         g = torch.as_tensor(grid_thw).reshape(-1, 3).tolist()
         if any(h % m or w % m for _, h, w in g):
             raise ValueError(
-                f"patched EXAONE 4.5: {what}_grid_thw {g} has a side that is not a multiple of spatial_merge_size {m}"
+                f"patched {self.label}: {what}_grid_thw {g} has a side that is not a multiple of spatial_merge_size {m}"
             )
         return [[(t, h // m, w // m)] for t, h, w in g]
