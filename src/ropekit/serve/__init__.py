@@ -1,0 +1,1 @@
+"""Serving ropekit checkpoints with inference engines (vLLM: :mod:`ropekit.serve.vllm`, docs/serving.md)."""

@@ -1,0 +1,57 @@
+"""vLLM plugin: serve a checkpoint saved from a ropekit-patched model (docs/serving.md).
+
+vLLM loads it through the ``vllm.general_plugins`` entry point (``ropekit-vllm = ropekit.serve.vllm:register``) in
+every process it starts. :func:`register` makes transformers' ``AutoConfig`` read ropekit's saved config form
+and puts ropekit's classes in vLLM's model registry under the architecture names the checkpoints carry:
+
+- Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints are served with their patch (:mod:`.models`);
+- a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
+
+A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
+:func:`register` runs, so ropekit's core never needs it.
+"""
+from __future__ import annotations
+
+#: the vLLM releases this plugin was tested with (oldest, newest); others are refused when a ropekit checkpoint
+#: loads (vLLM's model runner is read, not wrapped: see docs/serving.md, "How it works")
+TESTED_VLLM = ("0.32.0", "0.32.0")
+
+#: architectures served with their patch -> the transformers model type
+SERVED = {
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+}
+
+__all__ = ["register", "TESTED_VLLM", "SERVED", "guarded_architectures"]
+
+
+def guarded_architectures() -> list[str]:
+    """vLLM architectures of the families ropekit patches that this plugin does not serve: a ropekit checkpoint
+    of one of them is refused at load instead of running vLLM's stock positions."""
+    from transformers.models.auto import modeling_auto as ma
+    from vllm import ModelRegistry
+
+    from ...hf.adapters import ADAPTERS
+
+    names: set[str] = set()
+    for table in ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+                  "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "MODEL_MAPPING_NAMES"):
+        mapping = getattr(ma, table, {})
+        for model_type in ADAPTERS:
+            arch = mapping.get(model_type)
+            for a in (arch if isinstance(arch, (list, tuple)) else [arch]):
+                if isinstance(a, str):
+                    names.add(a)
+    supported = set(ModelRegistry.get_supported_archs())
+    return sorted((names & supported) - set(SERVED))
+
+
+def register() -> None:
+    """The entry point vLLM calls: ropekit's config form for transformers, ropekit's classes for vLLM."""
+    from vllm import ModelRegistry
+
+    from ... import hf  # noqa: F401  (AutoConfig reads model_type "ropekit": the family's config with the record)
+
+    for arch in list(SERVED) + guarded_architectures():
+        ModelRegistry.register_model(arch, f"ropekit.serve.vllm.models:{arch}")

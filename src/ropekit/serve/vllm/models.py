@@ -1,0 +1,363 @@
+"""vLLM model classes for ropekit checkpoints (imported by vLLM's model registry, never by ropekit's core).
+
+Each class is vLLM's own model of the family, built as it is, with three changes when the checkpoint carries a
+ropekit record (``config.ropekit``); without one the class builds vLLM's stock model and returns it:
+
+1. ``get_mrope_input_positions`` places the prompt with ropekit: the same code a patched transformers model runs
+   (:func:`ropekit.hf.hooks.placement` on a patched copy of the transformers model built on the meta device, so no
+   weights), giving float positions for every geometry and where the text after the prompt continues on each row;
+2. the positions vLLM's model runner carries are *handles*, ``slot · span + token index`` on every row (``span`` the
+   power of two above ``max_model_len``; handles stay below 2**31, as the runner adds the delta to an int32 token
+   count): the runner copies the prompt's handles and continues a request with ``index + delta`` (one scalar per
+   request), which with ``delta = slot · span`` is again the handle. The model keeps each request's float
+   positions under its slot and ``forward`` turns handles into float positions (prompt tokens from the table, later
+   tokens ``start + (index − prompt length)`` per row). A slot lives as long as the runner keeps the request's
+   position tensor (vLLM drops it when the request finishes), so the table holds live requests only;
+3. every decoder layer's rotary is replaced by one that rotates with its own geometry's rows (AGE: one geometry per
+   layer) and frequency matrix, with ropekit's own angle and cos/sin code.
+
+Chunked prefill and prefix caching read positions by token index, so both work unchanged.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import threading
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import SERVED, TESTED_VLLM
+
+HANDLES = 1 << 31  # handles stay below: vLLM adds the delta to an int32 token count
+
+
+def _version_tuple(v: str) -> tuple:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _stock_class(arch: str) -> type:
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    module, name = _VLLM_MODELS[arch]
+    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+
+
+def _record(vllm_config: Any) -> Optional[dict]:
+    return getattr(vllm_config.model_config.hf_config, "ropekit", None)
+
+
+def check_serving(arch: str, vllm_config: Any) -> None:
+    """Refuse, naming why, what this plugin cannot serve exactly (a ValueError at load)."""
+    import vllm
+
+    where = f"ropekit vLLM plugin ({arch})"
+    version = getattr(vllm, "__version__", "unknown")
+    lo, hi = TESTED_VLLM
+    if not (_version_tuple(lo) <= _version_tuple(version) <= _version_tuple(hi)):
+        raise ValueError(
+            f"{where}: vLLM {version} is outside the releases this plugin was tested with ({lo} to {hi}); it reads "
+            f"vLLM's model runner (how M-RoPE positions are carried), which a release can change. Install vLLM {hi} "
+            f"to serve this ropekit checkpoint (docs/serving.md)"
+        )
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        raise ValueError(
+            f"{where}: vLLM's model runner V2 keeps M-RoPE prompt positions as int32, which cannot carry ropekit's "
+            f"position handles; start vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (docs/serving.md)"
+        )
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        raise ValueError(
+            f"{where}: speculative decoding is not supported for ropekit checkpoints (its draft positions are "
+            f"computed outside the model); serve without a speculative config"
+        )
+    mm = vllm_config.model_config.multimodal_config
+    if mm is not None and mm.is_multimodal_pruning_enabled():
+        raise ValueError(
+            f"{where}: video token pruning (video_pruning_rate) recomputes positions with vLLM's M-RoPE rule, not "
+            f"the checkpoint's design; serve without it"
+        )
+
+
+class _Requests:
+    """Float positions of the requests the model runner holds, by slot (thread-safe: slots are added by the
+    runner and dropped by the garbage collector)."""
+
+    def __init__(self, rows: int, max_model_len: int):
+        self.rows = rows
+        self.shift = max(int(max_model_len), 1).bit_length()  # span 2**shift > max_model_len
+        self.slots = HANDLES >> self.shift  # slot 0: padding and vLLM's dummy runs (all positions 0)
+        if self.slots < 2:
+            raise ValueError(f"ropekit vLLM plugin: max_model_len {max_model_len} leaves no room for position handles "
+                             f"below 2**31; serve with a shorter max_model_len")
+        self.entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.free = list(range(self.slots - 1, 0, -1))
+        self.lock = threading.Lock()
+
+    @property
+    def span(self) -> int:
+        return 1 << self.shift
+
+    def add(self, geo: np.ndarray, start: np.ndarray) -> int:
+        with self.lock:
+            if not self.free:
+                raise RuntimeError(
+                    f"ropekit vLLM plugin: {self.slots - 1} requests are held at once, the most whose position handles "
+                    f"fit below 2**31 with max_model_len < {self.span}; lower max_model_len or the number of requests"
+                )
+            slot = self.free.pop()
+            self.entries[slot] = (geo, start)
+            return slot
+
+    def drop(self, slot: int) -> None:
+        with self.lock:
+            if self.entries.pop(slot, None) is not None:
+                self.free.append(slot)
+
+    def lookup(self, handles: np.ndarray) -> np.ndarray:
+        """Float positions ``(rows, N)`` of handles ``(N,)``; slot 0 and dropped slots (the stale padding after a
+        batch's tokens) give 0."""
+        out = np.zeros((self.rows, handles.shape[0]), dtype=np.float32)
+        slots = handles >> self.shift
+        index = handles & (self.span - 1)
+        with self.lock:
+            for slot in np.unique(slots).tolist():
+                if slot >= self.slots or slot < 0:
+                    raise ValueError(
+                        f"ropekit vLLM plugin: the model got position {int(handles[slots == slot][0])}, which is no "
+                        f"handle this model issued; positions must come from get_mrope_input_positions "
+                        f"(docs/serving.md)"
+                    )
+                entry = self.entries.get(slot)
+                if entry is None:
+                    continue
+                geo, start = entry
+                at = slots == slot
+                idx = index[at]
+                length = geo.shape[1]
+                prompt = idx < length
+                cols = np.where(prompt[None], geo[:, np.minimum(idx, length - 1)],
+                                start[:, None] + (idx - length).astype(np.float32)[None])
+                out[:, at] = cols
+        return out
+
+
+class _Rotary(nn.Module):
+    """One decoder layer's rotation: its geometry's rows of the float positions, ropekit's frequency matrix
+    ``W (A, D/2)`` and attention factor, cos/sin in transformers' rotate-half layout (as the patched transformers
+    model builds them)."""
+
+    def __init__(self, first: int, axes: int, W: torch.Tensor, factor: float, head_size: int, float32: bool):
+        super().__init__()
+        self.first, self.axes, self.factor, self.head_size, self.float32 = first, axes, float(factor), head_size, float32
+        self.register_buffer("W", W.detach().to(torch.float32).clone(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None):
+        from ...apply.planar import cos_sin
+        from ...rotations.planar import angles
+
+        coords = positions[self.first:self.first + self.axes].t().to(torch.float32)  # (N, A)
+        c, s = cos_sin(angles(coords, self.W))
+        c = torch.cat([c, c], dim=-1) * self.factor
+        s = torch.cat([s, s], dim=-1) * self.factor
+        if not self.float32:
+            c, s = c.to(query.dtype), s.to(query.dtype)
+        return self._apply(query, c, s), (None if key is None else self._apply(key, c, s))
+
+    def _apply(self, x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(shape[0], -1, self.head_size)
+        half = self.head_size // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return (x * c[:, None] + rotated * s[:, None]).reshape(shape)
+
+
+class _Placement:
+    """The patch of a ropekit checkpoint as the transformers integration builds it, on a weightless copy of the
+    transformers model: positions of a prompt, each layer's geometry and frequencies."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        import transformers
+
+        from ...hf import patch as hfpatch
+
+        config = copy.deepcopy(hf_config)
+        with torch.device("meta"):
+            model = getattr(transformers, arch)(config)
+        hfpatch.patch_model(model)  # from the record in the config
+        self.model = model
+        self.state = hfpatch._state(model)
+        self.inner = hfpatch._parts(model)[1]
+        state = self.state
+        where = f"ropekit vLLM plugin ({arch})"
+        if state.layout != "half":
+            raise ValueError(f"{where}: the family's rotary layout {state.layout!r} is not served")
+        if state.variants:
+            raise ValueError(f"{where}: models with several rotary tables are not served")
+        for name, geo in state.geometries.items():
+            if geo.scaling is not None:
+                raise ValueError(
+                    f"{where}: geometry {name!r} uses rope scaling {geo.scaling.rope_type!r}, whose frequencies follow "
+                    f"the sequence length of each forward; a vLLM batch mixes sequences, so it is not served"
+                )
+        self.offsets, at = {}, 0
+        for name, axes in state.rows:
+            self.offsets[name] = (at, axes)
+            at += axes
+        self.rows = at
+
+    def place(self, input_tokens: list[int], mm_features: list) -> tuple[np.ndarray, np.ndarray]:
+        """Float positions ``(rows, L)`` of every geometry for a prompt, and ``(rows,)`` where its text continues."""
+        from ...hf import hooks
+
+        images, videos, seconds = [], [], []
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            data = f.data
+            if f.modality == "image":
+                images.append(torch.as_tensor(data["image_grid_thw"].data).reshape(3))
+            elif f.modality == "video":
+                videos.append(torch.as_tensor(data["video_grid_thw"].data).reshape(3))
+                sec = data.get("second_per_grid_ts")
+                seconds.append(float(torch.as_tensor(sec.data).reshape(-1)[0]) if sec is not None else 1.0)
+            else:
+                raise ValueError(f"ropekit vLLM plugin: the {f.modality!r} modality is not served")
+        given = dict(input_ids=torch.tensor([input_tokens], dtype=torch.long))
+        if images:
+            given["image_grid_thw"] = torch.stack(images).long()
+        if videos:
+            given["video_grid_thw"] = torch.stack(videos).long()
+            if self.state.tokens_per_second is not None:
+                given["second_per_grid_ts"] = torch.tensor(seconds)
+        pos, cont = hooks.placement(self.inner, self.state, given)
+        return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+
+def _served_class(arch: str) -> type:
+    base = _stock_class(arch)
+
+    class Served(base):
+        __doc__ = f"vLLM's {base.__name__}, serving a ropekit checkpoint with its patch (ropekit.serve.vllm.models)."
+
+        def __new__(cls, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
+            if _record(vllm_config) is None:  # not a ropekit checkpoint: vLLM's own model, untouched
+                return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+            return super().__new__(cls)
+
+        def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
+            check_serving(arch, vllm_config)
+            placement = _Placement(arch, vllm_config.model_config.hf_config)  # refuses before any weight is made
+            super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+            self._ropekit = placement
+            self._ropekit_requests = _Requests(placement.rows, vllm_config.model_config.max_model_len)
+            self._ropekit_dims = int(vllm_config.model_config.mrope_num_dims)
+            capacity = int(vllm_config.scheduler_config.max_num_batched_tokens) + 1
+            self._ropekit_buffer = torch.zeros(placement.rows, capacity, dtype=torch.float32)
+            self._replace_rotaries(placement, vllm_config)
+
+        def _replace_rotaries(self, placement: _Placement, vllm_config: Any) -> None:
+            from ...hf import state as hfstate
+
+            state = placement.state
+            text = self.language_model.model
+            geometries, factor = hfstate.rotary(state, None)
+            layers = list(text.layers)
+            if len(layers) != len(state.layer_geometry):
+                raise ValueError(
+                    f"ropekit vLLM plugin ({arch}): the model has {len(layers)} decoder layers but the patch places "
+                    f"{len(state.layer_geometry)}"
+                )
+            replaced = 0
+            for layer, name in zip(layers, state.layer_geometry):
+                attn = getattr(layer, "self_attn", None)
+                if attn is None:  # another pipeline stage's layer
+                    continue
+                first, axes = placement.offsets[name]
+                W = geometries[name].W
+                head_size = int(getattr(attn, "head_dim", 0) or vllm_config.model_config.get_head_size())
+                if 2 * W.shape[-1] != head_size:
+                    raise ValueError(
+                        f"ropekit vLLM plugin ({arch}): geometry {name!r} rotates {2 * W.shape[-1]} channels of a "
+                        f"{head_size}-channel head; partial rotary is not served"
+                    )
+                attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables)
+                replaced += 1
+            if not replaced:
+                raise ValueError(f"ropekit vLLM plugin ({arch}): found no decoder layer to give ropekit's rotary")
+
+        def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list) -> tuple[torch.Tensor, int]:
+            geo, start = self._ropekit.place(list(input_tokens), mm_features)
+            requests = self._ropekit_requests
+            slot = requests.add(geo, start)
+            length = len(input_tokens)
+            handles = torch.arange(length, dtype=torch.int64) + slot * requests.span
+            out = handles[None].repeat(self._ropekit_dims, 1)
+            weakref.finalize(out, requests.drop, slot)  # the runner keeps it while it holds the request
+            return out, slot * requests.span
+
+        def ropekit_positions(self, positions: torch.Tensor) -> torch.Tensor:
+            """Float positions ``(rows, N)`` of the handles vLLM's runner passes (``positions`` ``(dims, N)``)."""
+            handles = positions[0].detach().to("cpu", torch.int64).numpy()
+            rows = torch.from_numpy(self._ropekit_requests.lookup(handles))
+            n = rows.shape[1]
+            buf = self._ropekit_buffer
+            if buf.device != positions.device or buf.shape[1] < n:
+                buf = self._ropekit_buffer = torch.zeros(rows.shape[0], max(n, buf.shape[1]), dtype=torch.float32,
+                                                         device=positions.device)
+            out = buf[:, :n]
+            out.copy_(rows, non_blocking=False)
+            return out
+
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+            return super().forward(input_ids, self.ropekit_positions(positions), intermediate_tensors,
+                                   inputs_embeds, **kwargs)
+
+    Served.__name__ = Served.__qualname__ = arch
+    Served.__module__ = __name__
+    return Served
+
+
+def _refusing_class(arch: str) -> type:
+    base = _stock_class(arch)
+
+    class Refused(base):
+        __doc__ = f"vLLM's {base.__name__}; refuses a ropekit checkpoint, which it would serve with stock positions."
+
+        def __new__(cls, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
+            record = _record(vllm_config)
+            if record is None:
+                return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+            served = ", ".join(SERVED)
+            raise ValueError(
+                f"ropekit vLLM plugin: this checkpoint is a {arch} patched by ropekit (design "
+                f"{record.get('design')!r}), and the plugin serves ropekit checkpoints of {served} only; vLLM's own "
+                f"{base.__name__} would run the family's stock positions, not the design's. Serve it with "
+                f"transformers (ropekit.hf.from_pretrained) (docs/serving.md)"
+            )
+
+    Refused.__name__ = Refused.__qualname__ = arch
+    Refused.__module__ = __name__
+    return Refused
+
+
+_BUILT: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> type:
+    """vLLM's registry imports ``ropekit.serve.vllm.models:<architecture>``: the class is built on first use."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name not in _BUILT:
+        from vllm.model_executor.models.registry import _VLLM_MODELS
+
+        if name not in _VLLM_MODELS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        _BUILT[name] = _served_class(name) if name in SERVED else _refusing_class(name)
+    return _BUILT[name]

@@ -1,0 +1,102 @@
+"""Tiny random ropekit checkpoints for the vLLM tests: a patched transformers model saved with a word-level
+tokenizer and the family's processor, built from configs (nothing downloaded)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+WORDS = [f"w{i}" for i in range(60)]
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+           "<|video_pad|>", "<unk>"]
+VOCAB = {w: i for i, w in enumerate(WORDS + SPECIAL)}
+EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
+                                                    "<|image_pad|>", "<|video_pad|>"))
+TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+            vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            tie_word_embeddings=False)
+SECTIONS = [4, 6, 6]  # head_dim 32: 16 frequency pairs
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   unk_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL[1:7]})
+    return fast
+
+
+def _ids(family: str) -> dict:
+    return dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+
+
+def config(family: str):
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": SECTIONS}
+    if family == "qwen2_vl":
+        return tf.Qwen2VLConfig(
+            text_config=dict(TEXT, rope_parameters=rope, eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                               patch_size=14, temporal_patch_size=2),
+            **_ids(family))
+    if family == "qwen2_5_vl":
+        return tf.Qwen2_5_VLConfig(
+            text_config=dict(TEXT, rope_parameters=rope, eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, tokens_per_second=2, fullatt_block_indexes=[0], patch_size=14,
+                               temporal_patch_size=2, window_size=56),
+            **_ids(family))
+    if family == "qwen3_vl":
+        return tf.Qwen3VLConfig(
+            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
+                               deepstack_visual_indexes=[0], num_position_embeddings=64),
+            **_ids(family))
+    raise ValueError(family)
+
+
+def _processor(family: str):
+    import transformers as tf
+
+    tok = _tokenizer()
+    if family == "qwen3_vl":
+        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
+        image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
+        video = tf.Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size, fps=2,
+                                         min_frames=2, max_frames=8, do_sample_frames=False)
+        return tf.Qwen3VLProcessor(image_processor=image, tokenizer=tok, video_processor=video)
+    size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
+    image = tf.Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size)
+    video = tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
+                                     do_sample_frames=False)
+    cls = tf.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else tf.Qwen2VLProcessor
+    return cls(image_processor=image, tokenizer=tok, video_processor=video)
+
+
+CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+
+
+def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
+    """Save a random ``family`` model patched with ``design`` (and ``patch_model`` keywords) at ``out``."""
+    import transformers as tf
+
+    from ropekit.hf import patch_model
+
+    torch.manual_seed(seed)
+    model = getattr(tf, CLASSES[family])(config(family)).eval()
+    with torch.no_grad():  # weights large enough that positions move the log-probabilities visibly
+        for name, p in model.named_parameters():
+            if p.ndim >= 2 and "visual" not in name:
+                p.normal_(0, 0.1)
+    patch_model(model, design, **patch)
+    model.save_pretrained(out)
+    _processor(family).save_pretrained(out)
+    return out

