@@ -29,8 +29,15 @@ def _image(seed, h, w):
     return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype(np.uint8))
 
 
+FPS = 2.0
+
+
 def _video(seed, frames, h, w):
-    return (np.random.RandomState(seed).rand(frames, h, w, 3) * 255).astype(np.uint8)
+    """Decoded frames with their metadata, as vLLM takes a video (and handed to transformers' processor alike)."""
+    pixels = (np.random.RandomState(seed).rand(frames, h, w, 3) * 255).astype(np.uint8)
+    meta = dict(fps=FPS, duration=frames / FPS, total_num_frames=frames, frames_indices=list(range(frames)),
+                video_backend="opencv", do_sample_frames=False)
+    return pixels, meta
 
 
 IMG = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -90,7 +97,13 @@ def _hf(path, stock=False):
 
 def _hf_logprobs(model, processor, prompt, mm, extra=()):
     """log p(token i | tokens < i) for i >= 1 of the processed prompt followed by ``extra`` token ids."""
-    inputs = processor(text=[prompt], images=mm.get("image"), videos=mm.get("video"), return_tensors="pt")
+    videos = mm.get("video")
+    extra_kw = {}
+    if videos:
+        keep = ("fps", "duration", "total_num_frames", "frames_indices")
+        extra_kw = dict(video_metadata=[{k: m[k] for k in keep} for _, m in videos], do_sample_frames=False)
+        videos = [v for v, _ in videos]
+    inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw)
     ids = inputs["input_ids"]
     if extra:
         tail = torch.tensor([list(extra)])
@@ -134,7 +147,8 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
 
 def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
     """Tokens after the prompt continue every geometry row from the design's own start (per row, float); a second
-    identical request reads the first one's cached prefix blocks and continues the same."""
+    identical request reads the first one's cached prefix blocks and continues the same; finished requests' positions
+    are let go."""
     from vllm import SamplingParams
 
     name, path, llm = served
@@ -143,6 +157,9 @@ def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
     first = llm.generate([{"prompt": prompt, "multi_modal_data": mm}], params)[0]
     again = llm.generate([{"prompt": prompt, "multi_modal_data": mm}], params)[0]
     assert again.num_cached_tokens and again.num_cached_tokens >= 32  # served from the prefix cache
+    # the model keeps positions of the requests the runner holds only: the runner drops a finished request at its
+    # next step, so of all requests so far only the last one's are left
+    assert llm.apply_model(lambda model: len(model._ropekit_requests.entries)) == [1]
     model, processor = _hf(path)
     for out in (first, again):
         gen = list(out.outputs[0].token_ids)

@@ -79,6 +79,13 @@ def check_serving(arch: str, vllm_config: Any) -> None:
             f"{where}: speculative decoding is not supported for ropekit checkpoints (its draft positions are "
             f"computed outside the model); serve without a speculative config"
         )
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    if mode is not None and getattr(mode, "has_full_cudagraphs", lambda: False)():
+        raise ValueError(
+            f"{where}: full CUDA graphs capture the model's whole forward, and the forward reads each step's position "
+            f"handles on the host; serve with piecewise graphs (compilation_config={{'cudagraph_mode': 'PIECEWISE'}}) "
+            f"or enforce_eager=True"
+        )
     mm = vllm_config.model_config.multimodal_config
     if mm is not None and mm.is_multimodal_pruning_enabled():
         raise ValueError(

@@ -1,0 +1,65 @@
+"""The plugin is found by vLLM and refuses, by name and at load, what it cannot serve exactly (no engine started)."""
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+
+def _config(record=None, v2=False, speculative=None, pruning=False, graphs="NONE"):
+    from vllm.config.compilation import CUDAGraphMode
+
+    hf_config = SimpleNamespace(ropekit=record) if record is not None else SimpleNamespace()
+    mm = SimpleNamespace(is_multimodal_pruning_enabled=lambda: pruning)
+    return SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config, multimodal_config=mm),
+                           use_v2_model_runner=v2, speculative_config=speculative,
+                           compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[graphs]))
+
+
+def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
+    found = [e for e in entry_points(group="vllm.general_plugins") if e.value == "ropekit.serve.vllm:register"]
+    assert found, "ropekit's vllm.general_plugins entry point is not installed"
+    from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    for arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                 "Qwen3VLForConditionalGeneration", "Glm4vForConditionalGeneration", "LlavaForConditionalGeneration"):
+        assert ModelRegistry.models[arch].module_name == "ropekit.serve.vllm.models", arch
+
+
+def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
+    from ropekit.serve.vllm import models
+
+    cls = getattr(models, "Glm4vForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"Glm4vForConditionalGeneration patched by ropekit .*'circle'.* serves "
+                                         r"ropekit checkpoints of Qwen2VLForConditionalGeneration"):
+        cls(vllm_config=_config({"design": "circle"}), prefix="")
+
+
+@pytest.mark.parametrize("case, match", [
+    (dict(v2=True), "model runner V2 .* VLLM_USE_V2_MODEL_RUNNER=0"),
+    (dict(speculative=object()), "speculative decoding"),
+    (dict(pruning=True), "video token pruning"),
+    (dict(graphs="FULL_AND_PIECEWISE"), "full CUDA graphs .* PIECEWISE"),
+])
+def test_what_cannot_be_served_exactly_is_refused_at_load(case, match):
+    from ropekit.serve.vllm import models
+
+    with pytest.raises(ValueError, match=match):
+        models.check_serving("Qwen2VLForConditionalGeneration", _config({"design": "circle"}, **case))
+
+
+def test_an_untested_vllm_release_is_refused(monkeypatch):
+    import vllm
+
+    from ropekit.serve.vllm import TESTED_VLLM, models
+
+    models.check_serving("Qwen2VLForConditionalGeneration", _config({"design": "circle"}))  # the tested one
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    with pytest.raises(ValueError, match=rf"vLLM 0.33.0 is outside .*{TESTED_VLLM[0]}"):
+        models.check_serving("Qwen2VLForConditionalGeneration", _config({"design": "circle"}))
