@@ -45,7 +45,7 @@ def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
     (dict(v2=True), "model runner V2 .* VLLM_USE_V2_MODEL_RUNNER=0"),
     (dict(speculative=object()), "speculative decoding"),
     (dict(pruning=True), "video token pruning"),
-    (dict(graphs="FULL_AND_PIECEWISE"), "full CUDA graphs .* PIECEWISE"),
+    (dict(graphs="FULL_AND_PIECEWISE"), "full CUDA graphs .*PIECEWISE"),
 ])
 def test_what_cannot_be_served_exactly_is_refused_at_load(case, match):
     from ropekit.serve.vllm import models
