@@ -15,8 +15,9 @@ from ropekit.hf import vision as hf_vision
 
 from test_hf_vision import OTHER_FAMILIES, _out
 
-# one family of each rotation kind (LieRE's block rotation is ComRoPE's, already covered)
-FAMILIES = [("axial", dict(frequencies="axial"))] + [f for f in OTHER_FAMILIES if f[0] not in ("axial", "liere")]
+# one family of each rotation kind (LieRE's block rotation is ComRoPE's, directional's planar one axial's)
+FAMILIES = [("axial", dict(frequencies="axial"))] + [f for f in OTHER_FAMILIES
+                                                     if f[0] not in ("axial", "liere", "directional")]
 
 
 def _record(monkeypatch) -> list:
@@ -343,3 +344,41 @@ def test_llama4_every_family_trains():
     torch.manual_seed(0)
     x = dict(pixel_values=torch.randn(2, 3, 16, 16))
     _trains(_llama4(), lambda m: _out(m, x), 2, "llama4")
+
+
+# ---------------------------------------------------------------------------------------------------
+# SAM 3: a rotary per layer, windowed and global layers with positions of their own
+
+
+def _sam3():
+    from transformers.models.sam3.configuration_sam3 import Sam3ViTConfig
+    from transformers.models.sam3.modeling_sam3 import Sam3ViTModel
+    cfg = Sam3ViTConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                        image_size=32, patch_size=4, window_size=4, global_attn_indexes=[1], pretrain_image_size=16)
+    return Sam3ViTModel(cfg).eval()
+
+
+def test_sam3_stock_map_reproduces_the_backbone_and_places_windows_and_the_global_grid(monkeypatch):
+    """Bit for bit; the windowed layer sees each 4 x 4 window at ropekit.positions("I4x4", "rope2d"), the global
+    layer the 8 x 8 image's positions scaled by window / grid = 1/2, as the stock places them."""
+    torch.manual_seed(0)
+    model, x = _sam3(), dict(pixel_values=torch.randn(2, 3, 32, 32))
+    stock = _out(model, x)
+    patch_vision_model(model, "axial")
+    assert torch.equal(_out(model, x), stock)
+    with torch.no_grad():
+        assert torch.equal(_out(model, x), stock)
+    patch_vision_model(model, "axial", frequencies="axial")
+    assert not torch.allclose(_out(model, x), stock, rtol=1e-5, atol=0)
+    seen = _record(monkeypatch)
+    with torch.no_grad():
+        _out(model, x)
+    assert [c.shape[0] for c in seen] == [16, 64]
+    assert torch.equal(seen[0], ropekit.positions("I4x4", "rope2d"))
+    assert torch.equal(seen[1], ropekit.positions("I8x8", "rope2d") * 0.5)
+
+
+def test_sam3_every_family_trains_one_module_per_layer():
+    torch.manual_seed(0)
+    x = dict(pixel_values=torch.randn(1, 3, 32, 32))
+    _trains(_sam3(), lambda m: _out(m, x), 2, "sam3")

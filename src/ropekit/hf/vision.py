@@ -3,7 +3,7 @@
 ``patch_vision_model(model, family, **options)`` swaps the RoPE of transformers' DINOv3 ViT, Pixtral's
 vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower (alone or as the ``visual`` of the VL model), V-JEPA 2
 (encoder and predictor, 3-D: frame, row, column), Gemma 4's, VideoLLaMA 3's, EXAONE 4.5's and Llama 4's vision
-encoders for a ropekit rotation family,
+encoders and SAM 3's ViT backbone (a rotary per layer) for a ropekit rotation family,
 on that instance only; ``unpatch_vision_model`` gives the stock encoder back.
 
 Families (``family=``):
@@ -340,9 +340,11 @@ def _proj_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
         return torch.cat((q2.reshape(length, -1), k2.reshape(length, -1), out[:, (q_heads + kv_heads) * dim:]), dim=-1)
     if hook.per_head:  # a q/k norm's output: (B, L, H, D) already
         return ctx.rotate(out)
-    x = out.reshape(*out.shape[:-1], heads, -1)
-    rotated = ctx.rotate(x if x.ndim == 4 else x[None])  # an unbatched (L, H·D) output gets a batch of one
-    return rotated.reshape(out.shape)
+    if out.ndim == 2:  # an unbatched (L, H·D) output gets a batch of one
+        x = out.reshape(1, out.shape[0], heads, -1)
+    else:  # (B, L, H·D), or a (B, rows, columns, H·D) map (SAM 3): its tokens row by row
+        x = out.reshape(out.shape[0], -1, heads, out.shape[-1] // heads)
+    return ctx.rotate(x).reshape(out.shape)
 
 
 def _method_forward(hook: hooks.Hook, *args: Any, **kwargs: Any):
@@ -406,7 +408,7 @@ def _check_boundary(rotary: nn.Module, adapter: VisionAdapter, encoder: nn.Modul
 # public functions
 
 _SUPPORTED = ("DINOv3 ViT, Pixtral's vision encoder, the Qwen2-VL / Qwen2.5-VL vision tower, V-JEPA 2's encoder and "
-              "predictor, Gemma 4's, VideoLLaMA 3's, EXAONE 4.5's and Llama 4's vision encoders")
+              "predictor, Gemma 4's, VideoLLaMA 3's, EXAONE 4.5's and Llama 4's vision encoders, SAM 3's ViT")
 
 
 def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, list[nn.Module]]:
@@ -424,6 +426,22 @@ def _find(model: nn.Module) -> tuple[str, nn.Module, VisionAdapter, nn.Module, l
     if not found:
         raise ValueError(f"patch_vision_model: `model` ({type(model).__name__}) has no supported vision RoPE; "
                          f"supported: {_SUPPORTED}")
+    if len(found) > 1 and len({id(a) for _, _, a in found}) == 1 and found[0][2].rotary_per_layer:
+        names = [n.split(".") for n, _, _ in found]
+        common = []
+        for parts in zip(*names):
+            if len(set(parts)) > 1:
+                break
+            common.append(parts[0])
+        encoder = model.get_submodule(".".join(common)) if common else model
+        adapter = found[0][2]
+        rotaries = [m for _, m, _ in found]
+        attentions = [m for m in encoder.modules() if type(m).__name__ in adapter.attention_classes]
+        if len(attentions) != len(rotaries):
+            raise ValueError(f"patch_vision_model: found {len(rotaries)} per-layer rotaries but {len(attentions)} "
+                             f"{adapter.attention_classes} attention modules; this transformers version is not "
+                             f"supported")
+        return ".".join(common), rotaries, adapter, encoder, attentions
     if len(found) > 1:
         raise ValueError(f"patch_vision_model: `model` holds {len(found)} vision encoders "
                          f"({', '.join(n or '<root>' for n, _, _ in found)}); patch each one as its own module")
@@ -454,7 +472,8 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
     key = _check_family(family)
     if not isinstance(shared, bool):
         raise TypeError(f"patch_vision_model: `shared` must be True or False, got {shared!r}")
-    _, rotary, adapter, encoder, attentions = _find(model)
+    _, rotaries, adapter, encoder, attentions = _find(model)
+    rotary = rotaries[0] if isinstance(rotaries, list) else rotaries  # per-layer rotaries share their settings
     _check_boundary(rotary, adapter, encoder, attentions)
     sizes = [(adapter.head_dim(a), adapter.num_heads(a)) for a in attentions]
     if key == "mixed" or "num_heads" in options:
@@ -503,8 +522,9 @@ def patch_vision_model(model: nn.Module, family: str = "axial", *, shared: bool 
                           num_heads=num_heads, fused=adapter.fused_qkv,
                           split=(num_heads, adapter.num_kv_heads(attn)), per_head=adapter.qk_per_head, vision=True)
     if adapter.style == "rotary":
-        hooks.install(rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter), adapter=adapter,
-                      head_dim=sizes[0][0], vision=True)
+        for one_rotary in rotaries if isinstance(rotaries, list) else [rotaries]:
+            hooks.install(one_rotary, "forward", _rotary_forward, None, contract=_rotary_contract(adapter),
+                          adapter=adapter, head_dim=sizes[0][0], vision=True)
     for method in adapter.extra_hooks():
         hooks.install(encoder, method, _permute_forward, None, contract=_PERMUTE, vision=True)
     for owner, method, contract, info in adapter.guards(rotary):

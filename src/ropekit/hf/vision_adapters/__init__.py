@@ -5,6 +5,7 @@ from .exaone4_5 import Exaone45VisionAdapter
 from .gemma4 import Gemma4VisionAdapter
 from .llama4 import Llama4VisionAdapter
 from .pixtral import PixtralAdapter
+from .sam3 import Sam3ViTAdapter
 from .qwen2_vl import Qwen2VLVisionAdapter, Qwen25VLVisionAdapter
 from .video_llama_3 import VideoLlama3VisionAdapter
 from .vjepa2 import VJEPA2Adapter
@@ -12,7 +13,7 @@ from .vjepa2 import VJEPA2Adapter
 VISION_ADAPTERS: tuple[VisionAdapter, ...] = (
     DINOv3Adapter(), PixtralAdapter(), Qwen2VLVisionAdapter(), Qwen25VLVisionAdapter(), VJEPA2Adapter(),
     Gemma4VisionAdapter(), VideoLlama3VisionAdapter(), Exaone45VisionAdapter(),
-    Llama4VisionAdapter(),
+    Llama4VisionAdapter(), Sam3ViTAdapter(),
 )
 
 __all__ = ["VisionAdapter", "VISION_ADAPTERS"]

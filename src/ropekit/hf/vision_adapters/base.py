@@ -41,6 +41,7 @@ class VisionAdapter:
     method: str = ""  # ("method" style) the attention method that rotates q or k
     method_params: tuple[str, ...] = ()  # its parameters: the tensor, then the stock positions
     num_axes: int = 2
+    rotary_per_layer: bool = False  # every layer has its own rotary module (SAM 3)
     stock_channels: str = "half"  # the stock pairs: "half" (i, i + R/2) or "interleaved" (2j, 2j + 1)
     patches_first: bool = False  # the patches are the first tokens (unrotated tokens follow them)
 

@@ -19,7 +19,7 @@ class Llama4VisionAdapter(VisionAdapter):
     attention_classes = ("Llama4VisionAttention",)
     rotary_params = ("hidden_states",)
     embedding_param = "freqs_ci"
-    attention_params = ("cache",)
+    attention_params = ("cache", "past_key_values")  # older releases name it past_key_values
     patches_first = True
     stock_channels = "interleaved"
 
