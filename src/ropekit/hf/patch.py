@@ -277,6 +277,32 @@ def _scaling_part(rope: dict) -> dict:
     return dict(out, rope_type="default") if factor == 1.0 else dict(out, rope_type="linear", factor=factor)
 
 
+#: keys of ``rope_parameters`` that name a model's M-RoPE layout (interleaved or chunked sections) without changing it
+_LAYOUT_FLAGS = ("interleaved", "mrope_interleaved")
+
+
+def _without_layout_flags(adapter: Adapter, config: Any, rope: dict) -> dict:
+    """``rope`` without the layout flags the text config's class tells transformers' rope validation to skip
+    (``ignore_keys_at_rope_validation``: Qwen3-Omni's ``interleaved``, Qwen3-VL's and Qwen3.5's
+    ``mrope_interleaved``). transformers' rotary reads neither: those models interleave their sections whatever the
+    flag says, and so does the patch (their adapter's native allocation). A flag that says otherwise describes
+    tables the model does not build: refused, rather than read one way by the config and another by the model."""
+    skipped = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
+    out = dict(rope)
+    for key in _LAYOUT_FLAGS:
+        if key not in out or key not in skipped:
+            continue
+        value = out.pop(key)
+        interleaves = adapter.native_allocation == "interleaved"
+        if value is not interleaves:
+            raise ValueError(
+                f"rope_parameters[{key!r}] is {value!r}, but {type(config).__name__}'s model "
+                f"{'interleaves' if interleaves else 'does not interleave'} its mrope_section whatever this key says "
+                f"(transformers does not read it); set it to {interleaves} or remove it"
+            )
+    return out
+
+
 def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int], native: str) -> bool:
     """Whether a geometry with this allocation and axis count splits its frequency pairs by ``sections``: the
     chunked and interleaved layouts, and the model's native layout (ERNIE-4.5-VL's ``videorope``, whose temporal
@@ -398,6 +424,7 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     for key, rope in tables.items():
         secs = sections if turning[key] == half else adapter.sections(rope, turning[key])
         try:
+            rope = _without_layout_flags(adapter, tcfg, rope)
             scaling = parse_scaling(scaling_from_config(_RopeConfig(tcfg, _scaling_part(rope))))
         except (ValueError, TypeError) as e:
             where = "" if key is None else f" ({key!r} layers)"

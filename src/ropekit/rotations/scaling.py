@@ -387,8 +387,12 @@ def scale_frequencies(
         raise ValueError("`W` contains non-finite values")
     base = _base(s, base)
     dim = 2 * W2.shape[-1] if dim is None else dim
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 4 or dim % 2:
-        raise ValueError(f"`dim` must be an even int >= 4 (the spectrum's rotary dim), got {dim!r}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
+        raise ValueError(f"`dim` must be an even int >= 2 (the spectrum's rotary dim), got {dim!r}")
+    if dim == 2 and s.rope_type in ("ntk", "dynamic") and s.scaled_axes(W2.shape[0]):
+        raise ValueError(f"scaling: rope_type {s.rope_type!r} changes the base by s^(dim/(dim-2)), which has no value "
+                         f"for a rotary dim of 2 (one frequency pair; transformers divides by zero there too); use "
+                         f"'linear' or 'yarn', or rotate more channels")
     if seq_len is not None:
         seq_len = _positive_int(int(seq_len) if isinstance(seq_len, torch.Tensor) else seq_len, "seq_len")
     factors = s.axis_factors(W2.shape[0])

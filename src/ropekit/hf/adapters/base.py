@@ -150,8 +150,21 @@ class Adapter:
         return int(getattr(vision_config, "spatial_merge_size", 2))
 
     def sections(self, rope: dict, half: int) -> list[int]:
-        """The model's ``mrope_section`` as ropekit sections (summing to ``half`` frequency pairs)."""
-        return list(rope.get("mrope_section") or self.default_sections)
+        """The model's ``mrope_section`` as ropekit sections (summing to ``half`` frequency pairs).
+
+        The chunked families (Qwen2-VL's rule, which GLM-4V, PaddleOCR-VL and Qwen2.5-Omni share) split the pairs
+        into the listed chunks and turn chunk i with axis i mod 3. A list of fewer than three chunks leaves the
+        last axes without pairs (GLM-4.5V's ``[2, 2]``: time and height, no width), zero sections here. A list of
+        more than three gives an axis several runs of pairs, which three sections cannot say: refused."""
+        given = list(rope.get("mrope_section") or self.default_sections)
+        if len(given) > 3:
+            raise ValueError(
+                f"patch_model: {self.model_type} `mrope_section` {given} has {len(given)} chunks; the model turns "
+                f"chunk i with axis i mod 3, so some axis gets several separate runs of frequency pairs, which "
+                f"ropekit's sections (one run per axis) cannot express. Pass `sections=` (pairs per axis) to use "
+                f"another split, knowing it is not the model's"
+            )
+        return given + [0] * (3 - len(given))
 
     def tokens_per_second(self, vision_config: Any) -> Optional[float]:
         """Temporal positions per second of video, when the family scales video time (else None)."""

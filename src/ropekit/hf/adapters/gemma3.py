@@ -1,10 +1,11 @@
 """Gemma 3 (``gemma3``): a SigLIP tower whose patch grid is average-pooled to ``mm_tokens_per_image`` tokens, in a
 Gemma 3 language model with two rotary tables.
 
-Images: the tower's ``(image_size / patch_size)²`` patch features are average-pooled (kernel = stride =
-patches per side / tokens per side) to an ``s × s`` grid, ``s = √mm_tokens_per_image``, read row by row. The
-processor writes each image (and each pan-and-scan crop, which is an image of its own) as ``<start_of_image>``,
-``s²`` image tokens, ``<end_of_image>``; the begin/end tokens are text.
+Images: the tower's ``(image_size / patch_size)²`` patch features are average-pooled (kernel = stride = patches per
+side // ``int(√mm_tokens_per_image)``) to an ``s × s`` grid, ``s = patches per side // kernel`` (16 on the released
+checkpoints: 64 patches, 256 tokens), read row by row. The processor writes each image (and each pan-and-scan crop,
+which is an image of its own) as ``<start_of_image>``, ``s²`` image tokens, ``<end_of_image>``; the begin/end tokens
+are text.
 
 Attention: the model lets the tokens of one image attend to each other both ways (a block mask built from
 ``token_type_ids``, 1 on image tokens). The patch hands ``token_type_ids`` on unread and changes no mask.
@@ -31,18 +32,22 @@ class Gemma3(GridLlava):
     masks_in_forward = True
 
     def grid_side(self, config: Any, strategy: Optional[str] = None) -> int:
-        """Tokens per side of an image's pooled grid; refuses a config whose pooling does not give that grid."""
+        """Tokens per side of an image's pooled grid, as the model's projector computes it: ``int(√n)`` tokens per
+        side for ``n = mm_tokens_per_image``, a pooling kernel of ``patches // that`` and so ``patches // kernel``
+        pooled tokens per side. A ``mm_tokens_per_image`` that is no square gives the model fewer features than
+        ``n`` (its processor writes ``n`` image tokens: the stock model then refuses the input itself); the patch
+        places the grid the model really produces. Refuses only a config the model cannot pool at all."""
         vcfg = config.vision_config
-        patches = vcfg.image_size // vcfg.patch_size
-        side = round(config.mm_tokens_per_image ** 0.5)
-        kernel = patches // side if side else 0
-        if side < 1 or side * side != config.mm_tokens_per_image or kernel < 1 or patches // kernel != side:
+        patches = int(vcfg.image_size // vcfg.patch_size)
+        wanted = int(config.mm_tokens_per_image ** 0.5)
+        kernel = patches // wanted if wanted >= 1 else 0
+        if kernel < 1:
             raise ValueError(
                 f"patch_model: Gemma 3 with mm_tokens_per_image={config.mm_tokens_per_image} and {patches} patches per "
-                f"side: the average pooling does not give a square grid of that many tokens (the model's own "
-                f"feature count would not match its image tokens either)"
+                f"side cannot pool its patches: the projector's kernel, patches per side // int(sqrt(mm_tokens_per_"
+                f"image)) = {patches} // {wanted}, is below 1 (the stock model cannot build its pooling either)"
             )
-        return side
+        return patches // kernel
 
     def rope_variants(self, text: nn.Module) -> Optional[tuple[dict[str, dict], list[str]]]:
         cfg = text.config
