@@ -39,17 +39,12 @@ _seen: dict[str, set] = {"patched": set(), "skipped": set()}
 
 def stock_equivalent(model_type: str) -> tuple[str, dict]:
     """(design, design options) of the patch that reproduces the stock model of ``model_type`` (docs/hf.md,
-    "stock-equivalent"): ``vanilla`` on the 1-D families, ``tmrope`` on the Omni thinkers (``exact`` temporal
-    rounding on Qwen3-Omni), ``mrope`` with the spatial continuation on every other 3-axis family."""
+    "stock-equivalent"), as the family's adapter states it: ``vanilla`` on the 1-D families, ``tmrope`` on the Omni
+    thinkers (``exact`` temporal rounding on Qwen3-Omni), ``mrope`` with the spatial continuation on every other
+    3-axis family."""
     from ropekit.hf.adapters import ADAPTERS
 
-    if ADAPTERS[model_type].one_d:
-        return "vanilla", {}
-    if model_type == "qwen2_5_omni_thinker":
-        return "tmrope", {}
-    if model_type == "qwen3_omni_moe_thinker":
-        return "tmrope", {"temporal_rounding": "exact"}
-    return "mrope", {"continuation": "spatial"}
+    return ADAPTERS[model_type].stock_design()
 
 
 def _eligible(module) -> bool:

@@ -178,26 +178,36 @@ def _check_intervals(intervals: list[float], seconds: Optional[list], tokens_per
         )
 
 
+def mismatch(kind: str, tokens: int, features: Optional[int] = None) -> str:
+    """transformers' words for a count of image (video) tokens that is not the count of features the model has for
+    them, which ropekit's refusals of the same inputs begin with (so that code matching the stock message matches);
+    ``features`` None where the count the model would have is not known here."""
+    counts = f", tokens: {tokens}" + ("" if features is None else f", features: {features}")
+    return f"{kind.capitalize()} features and {kind} tokens do not match{counts}"
+
+
 def _assign(run_len: np.ndarray, grids: Optional[torch.Tensor], name: str, kind: str) -> np.ndarray:
     """Split the runs of one modality into whole grids (in order); returns the run index of each grid."""
+    g = None if grids is None else grids.numpy()
+    tokens = None if g is None else g[:, 0] * g[:, 1] * g[:, 2]
     if run_len.shape[0] == 0:
         if grids is not None and grids.shape[0]:
             raise ValueError(
-                f"rope_index: `{name}` describes {grids.shape[0]} {kind}(s) but `mm_token_type_ids` "
-                f"holds no {kind} tokens (after the attention mask)"
+                f"{mismatch(kind, 0, int(tokens.sum()))}: rope_index: `{name}` describes {grids.shape[0]} {kind}(s) "
+                f"but `mm_token_type_ids` holds no {kind} tokens (after the attention mask)"
             )
         return np.zeros(0, dtype=np.int64)
     if grids is None or grids.shape[0] == 0:
-        raise ValueError(f"rope_index: `mm_token_type_ids` holds {kind} tokens but `{name}` is missing; pass the grids")
-    g = grids.numpy()
-    tokens = g[:, 0] * g[:, 1] * g[:, 2]
+        raise ValueError(f"{mismatch(kind, int(run_len.sum()), 0)}: rope_index: `mm_token_type_ids` holds {kind} "
+                         f"tokens but `{name}` is missing; pass the grids")
     cum_g, cum_r = np.cumsum(tokens), np.cumsum(run_len)
     if cum_g.shape[0] == cum_r.shape[0] and np.array_equal(cum_g, cum_r):  # one grid per run, the usual case
         return np.arange(cum_g.shape[0])
     if int(cum_g[-1]) != int(cum_r[-1]):
         raise ValueError(
-            f"rope_index: `{name}` describes {int(cum_g[-1])} {kind} tokens (t·h·w / merge² per grid: "
-            f"{tokens.tolist()}) but `mm_token_type_ids` holds {int(cum_r[-1])}; the grids must match the tokens"
+            f"{mismatch(kind, int(cum_r[-1]), int(cum_g[-1]))}: rope_index: `{name}` describes {int(cum_g[-1])} "
+            f"{kind} tokens (t·h·w / merge² per grid: {tokens.tolist()}) but `mm_token_type_ids` holds "
+            f"{int(cum_r[-1])}; the grids must match the tokens"
         )
     # every run must end where a grid ends (cum_g is strictly increasing and ends where cum_r does)
     if not np.array_equal(cum_g[np.searchsorted(cum_g, cum_r)], cum_r):

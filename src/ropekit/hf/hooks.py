@@ -192,6 +192,8 @@ def _inputs(owner: nn.Module, state: st._State, given: dict) -> tuple:
         _grids_without_types(state)
     _videos_without_types(state, grids[1], types_given)
     types = st.token_types(state, input_ids, types_given, batch, length, ref.device)
+    if types_given is None:
+        types = st.stray_vision_as_text(state, types, input_ids, grids)
     if types.shape[1] != length:
         raise ValueError(
             f"patched model: mm_token_type_ids covers {types.shape[1]} tokens but the input has {length}; give "
@@ -402,10 +404,13 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
         )
     input_ids = given["input_ids"]
     batch, length = input_ids.shape[:2]
-    types = st.token_types(state, input_ids, _audio_types(state, given), batch, length, input_ids.device).cpu()
+    types_given = _audio_types(state, given)
+    types = st.token_types(state, input_ids, types_given, batch, length, input_ids.device).cpu()
     mask = given.get("attention_mask")
     mask = (mask != 0).long().cpu() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     grids = (given.get("image_grid_thw"), given.get("video_grid_thw"), given.get("second_per_grid_ts"))
+    if types_given is None:
+        types = st.stray_vision_as_text(state, types, input_ids, grids)
     if ((grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None
             and state.adapter.takes_token_types):
         _grids_without_types(state)

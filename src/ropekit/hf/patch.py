@@ -469,6 +469,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         video_token_id=getattr(inner.config, "video_token_id", None),
         audio_token_id=getattr(inner.config, "audio_token_id", None),
         interleave=adapter.interleave(inner.config),
+        vision_start_token_id=(None if adapter.takes_token_types
+                               else getattr(inner.config, "vision_start_token_id", None)),
     )
     hooks.install(inner, "forward", hooks.model_forward, state, contract=_forward_contract(adapter),
                   text_config=text.config)
@@ -486,9 +488,11 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
                       inner=inner)
     if top is not None and adapter.generate_drops_positions:
         hooks.install(top, "prepare_inputs_for_generation", hooks.keep_generate_positions, state)
-    auto.mark(inner.config)  # saved in ropekit's form: loads patched, never silently as the stock model
-    if top is not None and top.config is not inner.config:
-        auto.mark(top.config)
+    # saved in ropekit's form: loads patched, never silently as the stock model; the stock-equivalent patch is the
+    # stock model, so its checkpoint is the stock model's and loads as one (the record kept, for patch_model(model))
+    stock = _is_stock_equivalent(adapter, names, per_design, age, allocation, given_sections)
+    for config in [inner.config] + ([top.config] if top is not None and top.config is not inner.config else []):
+        (auto.unmark if stock else auto.mark)(config)
     if getattr(inner, "rope_deltas", None) is not None:
         inner.rope_deltas = None  # the stock model's last deltas: nothing of the patched model reads or keeps them
     inner.__dict__[_STATE_ATTR] = state
@@ -503,6 +507,15 @@ def unpatch_model(model: nn.Module) -> nn.Module:
         raise ValueError("unpatch_model: the model is not patched (call patch_model first)")
     _remove(top, inner, text)
     return model
+
+
+def _is_stock_equivalent(adapter: Adapter, names: list[str], per_design: dict, age: Any, allocation: Any,
+                         given_sections: bool) -> bool:
+    """Whether the patch is the family's stock-equivalent one (:meth:`Adapter.stock_design`, with its options and
+    nothing else: no AGE schedule, no allocation or sections of its own), whose every layer is the stock model's."""
+    design, options = adapter.stock_design()
+    return (age is None and allocation is None and not given_sections and set(names) == {design}
+            and per_design.get(design, {}) == options)
 
 
 def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: bool = True) -> None:

@@ -95,6 +95,9 @@ class _State:
     interleave: Optional[tuple] = None  # (order, chunk) of a VideoAudio block (Adapter.interleave), or None
     origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
     counts_padding: bool = False  # a row's leading padding shifts its positions (Adapter.counts_padding)
+    #: families typed by their ids alone (no mm_token_type_ids: the Omni thinkers): the token that opens a vision
+    #: block, after which the model reads an image or video token as one (see :func:`stray_vision_as_text`)
+    vision_start_token_id: Optional[int] = None
 
     @property
     def rows(self) -> list[tuple[str, int]]:
@@ -150,6 +153,28 @@ def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length:
     return torch.zeros(batch, length, dtype=torch.long, device=device)
 
 
+def stray_vision_as_text(state: _State, types: torch.Tensor, input_ids: Optional[torch.Tensor],
+                         grids: tuple) -> torch.Tensor:
+    """Types read off the ids of a family typed by its ids alone (:attr:`_State.vision_start_token_id`), with the
+    image (video) tokens made text when no image (video) grids are given and none of them opens a vision block.
+
+    transformers' position code of those families counts an image or video by the token right after a vision-start
+    token; elsewhere the token id is text to it (the model's feature check then counts only the images and videos
+    it is given). A lone video token id in a text-only prompt is thus text, as here. Where such a token does follow
+    a vision-start token, the types stay as read, and the missing grids are refused further on (the stock model
+    fails there too)."""
+    start = state.vision_start_token_id
+    if start is None or input_ids is None:
+        return types
+    opens = torch.zeros_like(types, dtype=torch.bool)
+    opens[:, 1:] = input_ids[:, :-1].to(types.device) == start
+    for kind, grid in ((1, grids[0]), (2, grids[1])):
+        is_kind = types == kind
+        if grid is None and bool(is_kind.any()) and not bool((is_kind & opens).any()):
+            types = types.masked_fill(is_kind, 0)
+    return types
+
+
 def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], grids: tuple) -> tuple:
     """The grid rows of the vision tokens the attention mask keeps, as transformers consumes them.
 
@@ -179,6 +204,62 @@ def _visible_grids(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
         if kind == 2 and seconds is not None:
             seconds = torch.as_tensor(seconds)[:used]
     return out[0], out[1], seconds
+
+
+def _visible_items(state: _State, types: torch.Tensor, mask: Optional[torch.Tensor], grids: tuple) -> tuple:
+    """1-D families: (types, grids) without the images and videos the attention mask hides.
+
+    Their models fill every image token with its features whatever the mask, and the grids come from those tokens
+    in batch-row order (the adapter's ``vision_inputs``). An image (video) whose tokens are all under mask 0 is
+    padding: its grid is dropped and its tokens are skipped with the rest of the hidden tokens. One that is partly
+    hidden is no grid the design can place; where every design of the patch places a grid's tokens as it places
+    text (``vanilla``), its visible tokens are text, with the positions stock gives them; otherwise it is refused."""
+    if mask is None:
+        return types, grids
+    out = []
+    for kind, g in ((1, grids[0]), (2, grids[1])):
+        is_kind = types == kind
+        if g is None or not bool((is_kind & (mask == 0)).any()):
+            out.append(g)
+            continue
+        g = torch.as_tensor(g)
+        tokens = g.prod(dim=1) // (state.merge ** 2) if kind == 1 else state.adapter.video_tokens(
+            g, state.merge, state.temporal_merge)
+        where = is_kind.reshape(-1).nonzero().squeeze(1)  # the tokens of this kind, in batch-row order
+        if int(tokens.sum()) != where.numel():
+            out.append(g)  # the grids do not describe these tokens: refused further on
+            continue
+        visible = mask.reshape(-1)[where] != 0
+        keep, flat = [], types.reshape(-1).clone()
+        for i, (lo, n) in enumerate(zip((tokens.cumsum(0) - tokens).tolist(), tokens.tolist())):
+            seen = int(visible[lo:lo + n].sum())
+            if seen == n:
+                keep.append(i)
+                continue
+            if seen:
+                if not _places_grids_as_text(state, tuple(int(v) for v in g[i])):
+                    what = "image" if kind == 1 else "video"
+                    b, at = divmod(int(where[lo]), types.shape[1])
+                    raise ValueError(
+                        f"patched model: {what} {i} (row {b}, from token {at}) is partly under attention_mask 0 "
+                        f"({seen} of its {n} tokens kept); the model fills all its tokens with features whatever "
+                        f"the mask, but the design places a {what} as a whole grid and cannot place part of one. "
+                        f"Mask whole {what}s or none (left padding, as processors pad, never cuts one)"
+                    )
+            flat[where[lo:lo + n]] = 0  # a dropped or partly hidden one: padding and text
+        types = flat.reshape(types.shape)
+        out.append(g[keep])
+    seconds = grids[2]
+    return types, (out[0], out[1], seconds)
+
+
+def _places_grids_as_text(state: _State, grid: tuple) -> bool:
+    """Whether every design of the patch gives a grid's tokens the positions it gives as many text tokens."""
+    t, h, w = grid
+    block = Layout([Image(h // state.merge, w // state.merge)] * t)
+    text = Layout([Text(t * (h // state.merge) * (w // state.merge))])
+    return all(torch.equal(positions(block, geo.design, **geo.options), positions(text, geo.design, **geo.options))
+               for geo in state.geometries.values())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,7 +417,10 @@ def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
     hidden images are dropped (as transformers consumes them). ``types``/``mask`` are on the CPU."""
     if grids[0] is None and grids[1] is None:
         types = torch.zeros_like(types)
-    grids = _visible_grids(state, types, mask, grids)
+    if state.adapter.one_d:
+        types, grids = _visible_items(state, types, mask, grids)
+    else:
+        grids = _visible_grids(state, types, mask, grids)
     if mask is not None:
         types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
     length = types.shape[1]

@@ -127,6 +127,11 @@ class Adapter:
     def check(self, inner: nn.Module) -> None:
         """Refuse, at patch time, a model whose layout this family's adapter cannot place."""
 
+    def stock_design(self) -> tuple[str, dict]:
+        """(design, options) of the family's stock-equivalent patch, the one that gives the stock model's positions
+        and tables: ``vanilla`` on the 1-D families, ``mrope`` with the spatial continuation on the 3-axis ones."""
+        return ("vanilla", {}) if self.one_d else ("mrope", {"continuation": "spatial"})
+
     def rope_variants(self, text: nn.Module) -> Optional[tuple[dict[str, dict], list[str]]]:
         """Families whose text model rotates its layers with different rope parameters (:attr:`rotary_params`):
         ``({key: that table's rope parameters}, each decoder layer's key)``; None when one table serves every layer."""

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ...index import mismatch
 from .base import Adapter, rotate_half_layout
 
 _CLS_TOWERS = ("clip_vision_model",)  # vision towers whose first output token is a CLS token
@@ -129,6 +130,7 @@ def place_items(types: torch.Tensor, kind: int, items: Optional[list[Item]], wha
     if count != flat.numel():
         per = [sum(_tokens(p) for p in item) for item in items]
         raise ValueError(
+            f"{mismatch(what, count, flat.numel())}: "
             f"patched model: the input holds {count} {what} tokens but its {len(items)} {what}(s) fill {flat.numel()} "
             f"(tokens per {what}: {per}, from the {what} sizes and the model's config); give each {what} the "
             f"tokens the model's processor gives it"
@@ -149,6 +151,7 @@ def image_runs(types: torch.Tensor, side: int, cls: int) -> tuple[torch.Tensor, 
     count = int((types == 1).sum())
     if count % per:
         raise ValueError(
+            f"{mismatch('image', count)}: "
             f"patched model: {count} image tokens are not a whole number of images of {per} tokens "
             f"({side}x{side} patches{' + CLS' if cls else ''}, from the vision config); give {per} image tokens "
             f"per image"

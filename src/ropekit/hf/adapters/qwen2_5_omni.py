@@ -37,6 +37,9 @@ class Qwen2_5OmniThinker(Adapter):
                                 "use_audio_in_video", "video_second_per_grid"})
     position_params = frozenset({"use_audio_in_video", *_AUDIO_LENGTHS, *_SECONDS})
 
+    def stock_design(self) -> tuple[str, dict]:
+        return "tmrope", {}  # video time truncated, as the family's get_rope_index does
+
     def time_rate(self, config: Any) -> Optional[float]:
         """The thinker config's ``position_id_per_seconds`` (25): temporal positions per second."""
         return float(getattr(config, "position_id_per_seconds", 25))

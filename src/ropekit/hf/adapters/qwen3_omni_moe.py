@@ -18,6 +18,9 @@ class Qwen3OmniMoeThinker(Qwen2_5OmniThinker):
     forward_params = Qwen2_5OmniThinker.forward_params | {"output_router_logits"}
     text_params = Qwen3VL.text_params  # DeepStack features, handed on
 
+    def stock_design(self) -> tuple[str, dict]:
+        return "tmrope", {"temporal_rounding": "exact"}
+
     def interleave(self, config) -> tuple:
         """Video and audio tokens merged by time."""
         return "time", None
