@@ -6,6 +6,7 @@ must run as the stock model does: tiny random models built from configs, the sto
 - Qwen3-Omni's ``rope_parameters`` with ``interleaved: True``, a key transformers' rotary never reads;
 - rope scaling on a rotary dim of 2 (Qwen3.5's partial rotary on an 8-channel head);
 - LLaVA-NeXT image tokens under ``attention_mask`` 0 (the model fills them whatever the mask);
+- Mistral 3 image tokens without their row ends (what the stock model counts, it fills);
 - an image or video token id in the Omni thinker's text outside any vision block (text to the stock model);
 - a grid/token count mismatch refused with transformers' own words.
 """
@@ -19,7 +20,7 @@ import transformers as T
 
 from ropekit.hf import patch_model, unpatch_model
 
-from test_hf_families_1d import TEXT as TEXT_1D, VISION as VISION_1D
+from test_hf_families_1d import TEXT as TEXT_1D, VISION as VISION_1D, _mistral3
 from test_hf_families_3axis import GLM_VISION, QWEN_VISION, TEXT, make_batch, FAMILIES as FAMILIES_3AXIS
 from test_hf_llava_anyres import _build as _llava_next, make_batch as llava_next_batch
 from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, VID as OMNI_VID, V_START, make_batch as omni_batch
@@ -164,6 +165,23 @@ def test_llava_next_image_tokens_under_mask_zero_are_the_stock_model():
     patch_model(model, "circle")
     with pytest.raises(ValueError, match=r"image 0 \(row 0, from token 0\) is partly under attention_mask 0"):
         _logits(model, dict(inputs, attention_mask=torch.tril(torch.ones_like(ids))))
+    unpatch_model(model)
+
+
+def test_mistral3_image_tokens_without_row_ends_under_vanilla_are_the_stock_model():
+    """transformers' Mistral 3 tester writes an image's tokens in one run, without the [IMG_BREAK]/[IMG_END] its
+    processor puts after every row: vanilla places a grid's tokens as text, so it runs them as stock does; a
+    design that places the image as a grid refuses them by the missing row ends."""
+    torch.manual_seed(0)
+    model = _mistral3().eval()
+    ids = torch.tensor([[5, 6] + [70] * 4 + [7, 8], [9] + [70] * 4 + [10, 11, 12]])  # 8x8 pixels: 2x2 tokens each
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.randn(2, 3, 16, 16),
+                  image_sizes=torch.tensor([[8, 8], [8, 8]]))
+    ref, got = _stock_then_patched(model, inputs, "vanilla")
+    assert torch.equal(got, ref)
+    patch_model(model, "circle")
+    with pytest.raises(ValueError, match=r"not laid out as the processor writes it.*not each followed by one other"):
+        _logits(model, inputs)
     unpatch_model(model)
 
 

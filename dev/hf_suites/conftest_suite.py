@@ -32,6 +32,7 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src
 
 PATCH = os.environ.get("ROPEKIT_HF_SUITES_PATCH") == "1"
 RESULTS = os.environ.get("ROPEKIT_HF_SUITES_RESULTS")
+DESIGN = os.environ.get("ROPEKIT_HF_SUITES_DESIGN")  # patch with this design instead of the stock-equivalent one
 
 # what the current test's models got: class names patched / skipped (with why)
 _seen: dict[str, set] = {"patched": set(), "skipped": set()}
@@ -62,6 +63,8 @@ def _patch_tree(model) -> None:
 
     if _eligible(model):
         design, opts = stock_equivalent(model.config.model_type)
+        if DESIGN:  # another design on purpose (run.py --design): what the suites make of it, not a comparison
+            design, opts = DESIGN, {}
         ropekit.patch_model(model, design, **opts)  # errors propagate: the test fails with the patch's refusal
         _seen["patched"].add(type(model).__name__)
         return

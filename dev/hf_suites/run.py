@@ -178,6 +178,7 @@ def run_suite(tree: Path, python: str, family: str, mode: str, results: Path, ar
     Path(f"{out}.shims").unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=getattr(args, "pythonpath", ""), ROPEKIT_HF_SUITES_RESULTS=str(out),
                ROPEKIT_HF_SUITES_PATCH="1" if mode == "patched" else "0", ROPEKIT_HF_SUITES_STUBS=",".join(STUBS.get(family, [])),
+               ROPEKIT_HF_SUITES_DESIGN=args.design or "",
                OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), PYTHONDONTWRITEBYTECODE="1")
     cmd = [python, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
            f"--timeout={args.test_timeout}", "-rN"]
@@ -306,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default %(default)s)")
     p.add_argument("-k", help="pytest -k expression, to run part of each suite")
+    p.add_argument("--design", help="patch with this design instead of each family's stock-equivalent one (to see "
+                                    "what the suites make of it; its differences from stock are expected)")
     p.add_argument("--ropekit", default="HEAD", metavar="REV|worktree",
                    help="the ropekit revision to test, copied from git into the scratch folder (default HEAD), or "
                         "'worktree': the work tree with its uncommitted edits")

@@ -13,7 +13,8 @@ and the block, rectangular (as LLaVA-NeXT's newline tokens); placed as text they
 blocks. The row ends are found in the sequence (the token right after each row of image tokens) and checked: an
 image not laid out so is a ValueError. Under ``generate``, which encodes the images first and drops
 ``image_sizes``, each image's token count comes from its encoded features and ``cols`` from the length of its first
-row in the sequence.
+row in the sequence. Image tokens without row ends are refused, except under a patch that places an image's
+tokens as text (``vanilla``, the stock-equivalent one), where they are placed as the stock model places them.
 """
 from __future__ import annotations
 
@@ -63,8 +64,25 @@ class Mistral3(Llava):
             step = self.token_pixels(inner.config)
             grids = [(int(h) // step, int(w) // step) for h, w in torch.as_tensor(sizes).reshape(-1, 2).tolist()]
             images = [(r * c, c) for r, c in grids]
-        types, grids = row_ends(types, images)
+        try:
+            types, grids = row_ends(types, images)
+        except ValueError:
+            if not _grids_as_text(inner):
+                raise
+            # no row ends, which no processor writes; the patch places a grid's tokens as text (vanilla), so the
+            # image tokens in a row get the positions the stock model gives them
+            items = [[(1, n // c, c)] if c and n % c == 0 else [n] for n, c in images]
+            return (*place_items(types, 1, items, "image"), None)
         return (*place_items(types, 1, [[(1, r, c + 1)] for r, c in grids], "image"), None)
+
+
+def _grids_as_text(inner: nn.Module) -> bool:
+    """Whether the patch on ``inner`` places an image's tokens as it places text (every layer's design)."""
+    from ..patch import _state
+    from ..state import _places_grids_as_text
+
+    state = _state(inner)
+    return state is not None and _places_grids_as_text(state, (1, 2, 2))
 
 
 def row_ends(types: torch.Tensor, images: list[tuple[int, Optional[int]]]
