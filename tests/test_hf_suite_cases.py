@@ -20,10 +20,17 @@ import transformers as T
 
 from ropekit.hf import patch_model, unpatch_model
 
-from test_hf_families_1d import TEXT as TEXT_1D, VISION as VISION_1D, _mistral3
+from test_hf_families_1d import FAMILIES as FAMILIES_1D, TEXT as TEXT_1D, VISION as VISION_1D, _mistral3
+from test_hf_families_1d import _seeded as _seeded_1d, make_batch as batch_1d
 from test_hf_families_3axis import GLM_VISION, QWEN_VISION, TEXT, make_batch, FAMILIES as FAMILIES_3AXIS
 from test_hf_llava_anyres import _build as _llava_next, make_batch as llava_next_batch
-from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, VID as OMNI_VID, V_START, make_batch as omni_batch
+from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, LAYOUT_KNOWN, VID as OMNI_VID, V_START
+from test_hf_omni import make_batch as omni_batch
+
+
+# before transformers 5.21 the thinkers' layout is refused (tests/test_hf_omni.py checks that refusal)
+omni = pytest.mark.skipif(not LAYOUT_KNOWN, reason=f"transformers {T.__version__}: the thinkers' pre-5.21 layout "
+                                                   f"is refused")
 
 
 def _logits(model, inputs):
@@ -105,6 +112,7 @@ def _qwen3_omni(interleaved):
     return model.eval()
 
 
+@omni
 def test_qwen3_omni_interleaved_key_is_accepted_and_is_the_stock_model():
     model = _qwen3_omni(True)
     inputs, _ = omni_batch(OMNI["qwen3_omni_moe_thinker"], [[("T", 3), ("I", 4, 4), ("T", 2)],
@@ -114,6 +122,7 @@ def test_qwen3_omni_interleaved_key_is_accepted_and_is_the_stock_model():
     assert torch.equal(got[keep], ref[keep])
 
 
+@omni
 def test_qwen3_omni_interleaved_false_is_refused_the_model_interleaves_anyway():
     with pytest.raises(ValueError, match=r"\['interleaved'\] is False.*interleaves its mrope_section"):
         patch_model(_qwen3_omni(False), "tmrope", temporal_rounding="exact")
@@ -185,6 +194,31 @@ def test_mistral3_image_tokens_without_row_ends_under_vanilla_are_the_stock_mode
     unpatch_model(model)
 
 
+def test_generate_continuing_generates_cache_with_the_whole_sequence_on_a_1d_family():
+    """transformers' generation tests continue a generate's cache given the whole sequence and no pixels. On a
+    1-D family under vanilla the text positions need no images, so the continuation is the stock one; a design
+    whose positions depend on the images refuses it (the images are gone)."""
+    model = _seeded_1d(FAMILIES_1D["internvl"].build)
+    inputs, _ = batch_1d("internvl")
+    kw = dict(do_sample=False, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=4, **kw)
+        for design in ("vanilla", "circle"):
+            patch_model(model, design)
+            first = model.generate(**inputs, max_new_tokens=3, **kw)
+            mask = torch.nn.functional.pad(inputs["attention_mask"], (0, 3), value=1)
+            cont = dict(input_ids=first.sequences, attention_mask=mask, past_key_values=first.past_key_values)
+            if design == "circle":
+                with pytest.raises(ValueError, match="did not fill itself"):
+                    model.generate(**cont, max_new_tokens=1, **kw)
+                continue
+            got = model.generate(**cont, max_new_tokens=1, **kw)
+            assert torch.equal(got.sequences, ref.sequences)
+            assert torch.allclose(got.scores[0], ref.scores[3], atol=1e-5)
+    unpatch_model(model)
+
+
+@omni
 @pytest.mark.parametrize("stray", [OMNI_VID, OMNI_IMG])
 def test_omni_vision_token_outside_a_vision_block_is_text_as_in_stock(stray):
     """transformers' Omni tester draws text ids that include the video token; with no video grids the stock

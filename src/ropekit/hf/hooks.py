@@ -348,8 +348,11 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     mask = mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
     named = state.adapter.position_arguments(model_kwargs)
     grids = named.get("image_grid_thw") is not None or named.get("video_grid_thw") is not None
-    if cached and grids and input_ids is not None and input_ids.shape[1] > int(past):
-        cached = False  # the whole sequence and its grids are given: place it all (generate keeps the uncached tail)
+    if cached and input_ids is not None and input_ids.shape[1] > int(past) and (
+            grids or (state.adapter.one_d and st.places_grids_as_text(state))):
+        # the whole sequence and its grids are given, or on a 1-D family the patch places images as text (vanilla:
+        # the positions need no images): place it all (generate keeps the uncached tail)
+        cached = False
     if cached:
         record = continuation_of(cache)
         if record is None:

@@ -237,7 +237,8 @@ def _visible_items(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
                 keep.append(i)
                 continue
             if seen:
-                if not _places_grids_as_text(state, tuple(int(v) for v in g[i])):
+                t, h, w = (int(v) for v in g[i])
+                if not places_grids_as_text(state, (t, h // state.merge, w // state.merge)):
                     what = "image" if kind == 1 else "video"
                     b, at = divmod(int(where[lo]), types.shape[1])
                     raise ValueError(
@@ -253,11 +254,11 @@ def _visible_items(state: _State, types: torch.Tensor, mask: Optional[torch.Tens
     return types, (out[0], out[1], seconds)
 
 
-def _places_grids_as_text(state: _State, grid: tuple) -> bool:
-    """Whether every design of the patch gives a grid's tokens the positions it gives as many text tokens."""
-    t, h, w = grid
-    block = Layout([Image(h // state.merge, w // state.merge)] * t)
-    text = Layout([Text(t * (h // state.merge) * (w // state.merge))])
+def places_grids_as_text(state: _State, tokens: tuple = (1, 2, 2)) -> bool:
+    """Whether every design of the patch gives a block of ``(t, h, w)`` tokens (by default one image of 2 × 2) the
+    positions it gives as many text tokens (``vanilla``)."""
+    t, h, w = tokens
+    block, text = Layout([Image(h, w)] * t), Layout([Text(t * h * w)])
     return all(torch.equal(positions(block, geo.design, **geo.options), positions(text, geo.design, **geo.options))
                for geo in state.geometries.values())
 

@@ -79,10 +79,10 @@ class Mistral3(Llava):
 def _grids_as_text(inner: nn.Module) -> bool:
     """Whether the patch on ``inner`` places an image's tokens as it places text (every layer's design)."""
     from ..patch import _state
-    from ..state import _places_grids_as_text
+    from ..state import places_grids_as_text
 
     state = _state(inner)
-    return state is not None and _places_grids_as_text(state, (1, 2, 2))
+    return state is not None and places_grids_as_text(state)
 
 
 def row_ends(types: torch.Tensor, images: list[tuple[int, Optional[int]]]
