@@ -194,11 +194,12 @@ def request_positions(
     if d.block_rule is None or not num_tokens:
         return _through_rope_index(num_tokens, texts, blocks, grids, seconds, split_video_frames, design,
                                    spatial_merge_size, tokens_per_second, per_axis_deltas, dtype, design_options)
-    pos, delta, whole = _place(num_tokens, texts, blocks, intervals, d, design_options, per_axis_deltas)
-    if dtype == torch.int64:
-        if whole and _index._probe_fraction(d, design_options) is None:  # whole numbers by construction
-            return torch.from_numpy(pos.numpy().astype(np.int64)), delta.to(torch.int64)
-        return _index._as_int64(pos, delta, d, design_options)  # checks them (and refuses fractions)
+    # int64 straight from the placement when the design is whole-valued (rope_index's probe) and the positions are
+    # whole by construction; otherwise float32, checked (and refused where fractional) as rope_index does
+    int64 = dtype == torch.int64 and _index._probe_fraction(d, design_options) is None
+    pos, delta, whole = _place(num_tokens, texts, blocks, intervals, d, design_options, per_axis_deltas, int64)
+    if dtype == torch.int64 and not (int64 and whole):
+        return _index._as_int64(pos, delta, d, design_options)
     return pos, delta
 
 
@@ -218,7 +219,7 @@ def _through_rope_index(num_tokens, texts, blocks, grids, seconds, split, design
     return pos[:, 0], delta[0]
 
 
-def _place(num_tokens, texts, blocks, intervals, d, options, per_axis_deltas):
+def _place(num_tokens, texts, blocks, intervals, d, options, per_axis_deltas, int64=False):
     """A block-rule design on one request: the segments' starts in Python floats, one gather over the tokens.
 
     The arithmetic is the batched index's (:func:`ropekit.index._index_by_rule`) for a batch of one: the
@@ -243,7 +244,8 @@ def _place(num_tokens, texts, blocks, intervals, d, options, per_axis_deltas):
     # sums them; each vision block after the first one gap further (the gap a step of its own, just before it)
     if absolute is None and (gap is None or gap.min() == gap.max()) and all(a.count(a[0]) == axes for a in advance):
         return _place_uniform(num_tokens, texts, blocks, which, first, [a[0] for a in advance], top,
-                              None if gap is None else float(gap[0]), placed, text_max, d, options, per_axis_deltas)
+                              None if gap is None else float(gap[0]), placed, text_max, d, options, per_axis_deltas,
+                              int64)
     seg_len, seg_base, seg_start, tops = [], [], [], []
     gap = None if gap is None else gap.tolist()
     keep = None if absolute is None else [not a for a in absolute.tolist()]
@@ -295,11 +297,14 @@ def _place(num_tokens, texts, blocks, intervals, d, options, per_axis_deltas):
     best = np.array(tops).max(axis=0).astype(np.float32).astype(np.float64)
     if not per_axis_deltas:
         best = (best if d.delta_axes is None else best[list(d.delta_axes)]).max(keepdims=True)
-    return out, torch.from_numpy((best + 1.0 - float(num_tokens)).astype(np.float32)), exact32
+    delta = (best + 1.0 - float(num_tokens)).astype(np.float32)
+    if int64 and exact32:
+        return out.to(torch.int64), torch.from_numpy(delta.astype(np.int64)), True
+    return out, torch.from_numpy(delta), exact32
 
 
 def _place_uniform(num_tokens, texts, blocks, which, first, step, top, gap, placed, text_max, d, options,
-                   per_axis_deltas):
+                   per_axis_deltas, int64=False):
     """:func:`_place` when every axis of every segment starts at the same place (no absolute axes, one
     advance and one gap for all axes): one float per segment, the per-token work in five numpy calls."""
     axes = len(top[0]) if top else placed.table.shape[0]
@@ -343,7 +348,10 @@ def _place_uniform(num_tokens, texts, blocks, which, first, step, top, gap, plac
     # float32 sums are exact (and so equal to float64 sums rounded once) for whole numbers below 2**24
     whole = (table.dtype == np.float32 and max(placed.absmax, text_max) + start_max < 2**24
              and all(x.is_integer() for x in starts))
-    if whole:  # (a float32 table holds whole numbers only: see block_cache)
+    if whole and int64:  # (a float32 table holds whole numbers only: see block_cache) summed into int64 at once
+        pos = np.add(pos, np.repeat(np.array(starts, dtype=np.float32), lengths), out=np.empty(pos.shape, np.int64),
+                     casting="unsafe")
+    elif whole:
         pos += np.repeat(np.array(starts, dtype=np.float32), lengths)
     else:
         pos = pos.astype(np.float64)
@@ -360,4 +368,4 @@ def _place_uniform(num_tokens, texts, blocks, which, first, step, top, gap, plac
     if not per_axis_deltas:
         best = [max(best) if d.delta_axes is None else max(best[a] for a in d.delta_axes)]
     delta = np.array([x + 1.0 - num_tokens for x in best], dtype=np.float32)
-    return torch.from_numpy(pos), torch.from_numpy(delta), whole
+    return torch.from_numpy(pos), torch.from_numpy(delta.astype(np.int64) if whole and int64 else delta), whole
