@@ -154,6 +154,9 @@ def test_vjepa2_classifier_and_a_lone_encoder():
     assert ropekit.hf.vision.is_vision_patched(model.encoder)
     assert not ropekit.hf.vision.is_vision_patched(model.predictor)
     assert len([n for n, _ in model.named_parameters() if "ropekit_rotary" in n]) == 2
+    patch_vision_model(model, "liere", shared=True)  # one per head size: the encoder's (24) and the predictor's (16)
+    sizes = {p.shape for n, p in model.named_parameters() if "ropekit_rotary" in n}
+    assert len({id(p) for n, p in model.named_parameters() if "ropekit_rotary" in n}) == len(sizes) == 2
 
 
 # ---------------------------------------------------------------------------------------------------
