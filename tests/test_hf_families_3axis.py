@@ -1,6 +1,6 @@
 """ropekit designs inside the 3-axis families whose position code has the Qwen-VL shape: Qwen3-VL-MoE, Qwen3.5-MoE,
 GLM-4.1V / 4.5V / 4.6V, GLM-OCR, ERNIE-4.5-VL-MoE and PaddleOCR-VL (tiny random models built from configs); and the
-refusal of HunYuan-VL and MiniCPM-V 4.7, whose position code has another shape.
+refusal of HunYuan-VL, whose position code has another shape.
 
 References: the stock transformers model with the same weights (the stock-equivalent patch, M-RoPE with
 ``continuation="spatial"`` in the family's native allocation, must give its logits, positions, ``rope_deltas`` and
@@ -442,22 +442,7 @@ def _hunyuan_vl():
         image_token_id=IMG, im_start_id=72, im_end_id=73, im_newline_id=74))
 
 
-MINICPM_MARKERS = dict(image_start_id=72, image_end_id=73, slice_start_id=74, slice_end_id=75, newline_id=76)
-
-
-def _minicpmv4_7():
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5,
-            "mrope_interleaved": True}
-    return T.MiniCPMV4_7ForConditionalGeneration(T.MiniCPMV4_7Config(
-        text_config=dict(TEXT, model_type="qwen3_5_text", head_dim=16, rope_parameters=rope,
-                         layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
-                         linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8),
-        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, patch_size=2,
-                           image_size=8, insert_layer_id=0),
-        image_token_id=IMG, video_token_id=VID, **MINICPM_MARKERS))
-
-
-REFUSED = {"hunyuan_vl": _hunyuan_vl, "minicpmv4_7": _minicpmv4_7}
+REFUSED = {"hunyuan_vl": _hunyuan_vl}
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
@@ -503,22 +488,6 @@ def test_hunyuan_vl_places_image_axes_from_zero_and_counts_images_across_the_bat
     assert torch.equal(pos[2, 0, grid], torch.tensor([0, 0, 0, 1, 1, 1]))  # height
     assert torch.equal(pos[3, :, grid], torch.tensor([[0] * 6, [1] * 6]))  # the second sample's image is image 1
     assert torch.equal(deltas, torch.zeros(2, 1, dtype=deltas.dtype))
-
-
-def test_minicpmv4_7_pins_its_markers_off_the_diagonal():
-    """Why MiniCPM-V 4.7 is refused: stock get_rope_index starts the image block at the ``<image>`` marker's own
-    index and pins that marker (a text token) to the halo (s, s - 1, s - 1), ``</image>`` to the far corner
-    (s, s + h, s + w), and continues text at s + max(h, w) + 1; ropekit's designs place text on the diagonal."""
-    model = _minicpmv4_7()
-    start, end = MINICPM_MARKERS["image_start_id"], MINICPM_MARKERS["image_end_id"]
-    ids = torch.tensor([[1, 2, 3, start] + [IMG] * 4 + [end, 4, 5]])  # an 8 x 8 patch image merges to 2 x 2 tokens
-    types = (ids == IMG).long()
-    pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=types, target_sizes=torch.tensor([[8, 8]]))
-    s = 3
-    assert types[0, s] == 0 and pos[:, 0, s].tolist() == [s, s - 1, s - 1]
-    assert pos[:, 0, 4:8].tolist() == [[s] * 4, [s, s, s + 1, s + 1], [s, s + 1, s, s + 1]]
-    assert pos[:, 0, 8].tolist() == [s, s + 2, s + 2]
-    assert pos[:, 0, 9:].tolist() == [[s + 3, s + 4]] * 3
 
 
 @pytest.mark.parametrize("patch", [dict(design="mrope", continuation="spatial"), dict(design="circle", age="alternate")],

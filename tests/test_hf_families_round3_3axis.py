@@ -14,14 +14,15 @@ import pytest
 import torch
 import transformers as T
 
-from hf_compat import restore
+from hf_compat import ready_to_generate, restore
 from test_hf_families_3axis import DESIGNS, IMG, PAD, QWEN_VISION, TEXT, VID, Family, _seeded
 from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here on this file's `fam`)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
     test_packed_rows_equal_per_sample_runs, test_save_pretrained_and_reload_restore_the_patch,
     test_stock_equivalent_forward_matches_stock, test_stock_equivalent_generate_matches_stock)
 from test_hf_families_3axis import _batches, _encoded, assert_every_design_places_its_positions
-from ropekit.hf import boundary, is_patched, patch_model, supported_models
+import ropekit
+from ropekit.hf import boundary, is_patched, last_positions, patch_model, supported_models
 from ropekit.hf.adapters import ADAPTERS
 from ropekit.hf.boundary import UnsupportedTransformersError
 
@@ -113,6 +114,8 @@ def _missing(name):
 
 #: for tests/test_hf_boundary.py: the families this transformers runs
 BUILDERS = {name: f.build for name, (f, _) in FAMILIES.items() if _missing(name) is None}
+if hasattr(T, "MiniCPMV4_7ForConditionalGeneration"):
+    BUILDERS["minicpmv4_7"] = lambda: _minicpm()
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -243,3 +246,127 @@ def test_hunyuan_vl_output_of_a_sample_depends_on_the_samples_before_it():
     both = run(slice(0, 2), pixels)
     assert torch.equal(both[0], run(slice(0, 1), pixels[:16])[0])
     assert (both[1] - run(slice(1, 2), pixels[16:])[0]).abs().max() > 1e-5  # its image is image 1 in the batch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiniCPM-V 4.7: canvas M-RoPE. The batches are tests/test_canvas_mrope.py's (the processor's token sequences:
+# markers, thumbnails, slice rows, video frames, on padded batches), each sample with its layout and canvas options
+# written by hand there and checked against transformers' get_rope_index.
+
+
+def _minicpm(mode="16x"):
+    import test_canvas_mrope as C
+    cfg = C._config(T.MiniCPMV4_7Config, image_start_id=C.IS, image_end_id=C.IE, slice_start_id=C.SS,
+                    slice_end_id=C.SE, newline_id=C.NL, downsample_mode=mode)
+    torch.manual_seed(0)
+    return ready_to_generate(T.MiniCPMV4_7ForConditionalGeneration(cfg), C.PAD, [C.IMG, C.VID, *C.MARKERS])
+
+
+def _minicpm_case(case):
+    """(inputs with encoded crops, hand-written (layout, canvas options) per sample, kept tokens, downsample mode)."""
+    import test_canvas_mrope as C
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    samples, pad, mode, layouts = C.CASES[case]
+    inputs = C.batch(samples, pad=pad or "left", mask=pad is not None)
+    g = torch.Generator().manual_seed(0)
+    encoded = {kind: BaseModelOutputWithPooling(pooler_output=[torch.randn(int((inputs["input_ids"] == tok).sum()),
+                                                                           32, generator=g)])
+               for kind, tok in (("image", C.IMG), ("video", C.VID)) if (inputs["input_ids"] == tok).any()}
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(inputs["input_ids"]).bool()
+    return (dict(inputs, mm_encoder_outputs=encoded), [(ropekit.Layout.parse(l), o) for l, o in layouts], keep, mode,
+            pad)
+
+
+MINICPM_CASES = ["images", "videos", "4x, unequal slices, pictures side by side", "no attention mask"]
+
+
+@pytest.mark.parametrize("case", MINICPM_CASES)
+def test_minicpmv4_7_canvas_mrope_is_the_stock_model(case):
+    """``canvas-mrope`` patched into MiniCPM-V 4.7 gives transformers' positions, rope_deltas, logits and greedy
+    generate output bit for bit on padded batches of pictures with slices, video frames and trailing markers, and
+    text alone; the positions are ``ropekit.positions`` of each sample's hand-written layout and canvas options.
+    (Right-padded prompts: generate is compared where transformers' own rule is right, see docs/hf.md.)"""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    inputs, layouts, keep, mode, pad = _minicpm_case(case)
+    model = _minicpm(mode)
+    kw = dict(max_new_tokens=2, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    text = dict(input_ids=torch.randint(1, 60, (2, 7), generator=torch.Generator().manual_seed(3)))
+    with torch.no_grad():
+        pos, deltas = model.model.get_rope_index(**{k: v for k, v in inputs.items() if k != "mm_encoder_outputs"})
+        ref, ref_text, ref_gen = model(**inputs).logits, model(**text).logits, model.generate(**inputs, **kw)
+        model.model.rope_deltas = None
+        patch_model(model, "canvas-mrope")
+        got, got_deltas = model.model.get_rope_index(**{k: v for k, v in inputs.items() if k != "mm_encoder_outputs"})
+        assert torch.equal(got[:, keep], pos[:, keep]) and torch.equal(got_deltas, deltas)
+        assert torch.equal(model(**inputs).logits[keep], ref[keep])
+        for b, (layout, options) in enumerate(layouts):
+            want = ropekit.positions(layout, "canvas-mrope", **options).T
+            assert all(torch.equal(p[:, b, keep[b]], want) for p in last_positions(model).values())
+        assert torch.equal(model(**text).logits, ref_text)
+        gen = model.generate(**inputs, **kw)
+    if pad != "right":
+        assert torch.equal(gen.sequences, ref_gen.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(gen.logits, ref_gen.logits))
+
+
+def test_minicpmv4_7_every_design_places_its_layout():
+    """Every design runs on MiniCPM-V 4.7 and every layer rotates with ``ropekit.positions`` of each sample's layout
+    (its crops, the markers as text; canvas-mrope with the canvas options)."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    model = _minicpm()
+    # two samples, no padding: a picture with 2 x 2 one-token slices and a newline trailing it, a small picture
+    for case in ("no attention mask",):
+        inputs, layouts, keep, _, _ = _minicpm_case(case)
+        for design in DESIGNS:
+            patch_model(model, design)
+            with torch.no_grad():
+                assert torch.isfinite(model(**inputs).logits[keep]).all(), design
+            for b, (layout, options) in enumerate(layouts):
+                want = ropekit.positions(layout, design, **(options if design == "canvas-mrope" else {})).T
+                for p in last_positions(model).values():
+                    assert torch.equal(p[:, b, keep[b]], want), (case, design, b)
+
+
+@pytest.mark.parametrize("age", [None, "alternate"])
+def test_minicpmv4_7_cached_generation_equals_a_teacher_forced_forward(age):
+    """Left-padded pictures with slices and trailing markers: greedy cached decoding gives the logits of one forward
+    over the finished sequence, whose positions are each layout followed by the generated text."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    model = _minicpm()
+    inputs, layouts, _, _, _ = _minicpm_case("images")
+    patch_model(model, "canvas-mrope" if age is None else "circle", age=age)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        n = out.sequences.shape[1] - inputs["input_ids"].shape[1]
+        more = lambda t, v: torch.cat([t, torch.full((t.shape[0], n), v)], 1)  # noqa: E731
+        full = dict(inputs, input_ids=out.sequences, mm_token_type_ids=more(inputs["mm_token_type_ids"], 0),
+                    attention_mask=more(inputs["attention_mask"], 1))
+        logits = model(**full).logits
+    keep = full["attention_mask"].bool()
+    for layer, p in last_positions(model).items():
+        design = ropekit.hf.layer_designs(model)[layer]
+        for b, (layout, options) in enumerate(layouts):
+            want = ropekit.positions(ropekit.Layout([*layout, ropekit.Text(n)]), design,
+                                     **(options if design == "canvas-mrope" else {}))
+            assert torch.equal(p[:, b, keep[b]], want.T)
+    start = inputs["input_ids"].shape[1] - 1
+    for k, step in enumerate(out.logits):
+        torch.testing.assert_close(step, logits[:, start + k], rtol=1e-5, atol=1e-5)
+
+
+def test_minicpmv4_7_save_reload_and_refusals(tmp_path):
+    """The patch (AGE) saves and reloads; a per-call downsample_mode is refused by name (the patch places the crops
+    with the config's)."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    model = patch_model(_minicpm(), "canvas-mrope", age="alternate")
+    inputs, _, keep, _, _ = _minicpm_case("images")
+    with torch.no_grad():
+        ref = model(**inputs).logits
+    model.save_pretrained(tmp_path)
+    loaded = ropekit.hf.from_pretrained(tmp_path, T.MiniCPMV4_7ForConditionalGeneration).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits[keep], ref[keep])
+        with pytest.raises(ValueError, match="downsample_mode='4x'"):
+            model(**inputs, downsample_mode="4x")

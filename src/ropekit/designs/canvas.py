@@ -42,9 +42,10 @@ in the order the model sees them; a 2-D grid is read as an image. Options say ho
 Without markers (the default) the layout holds the crops alone, and each token gets the position it would have with
 the markers around every crop, the markers taken out (they take no index of their own). With neither markers nor
 slices every crop is a frame without slices, ``(s, s + r, s + q)``, advancing ``max(h, w) + 1``, and a multi-frame
-video is that many frames: the design's block rule, used by :func:`ropekit.rope_index` and the Hugging Face patch.
-Markers and slices make a token's place depend on the crops and text around it, which a block rule cannot see:
-such layouts are placed by :func:`ropekit.positions` only.
+video is that many frames: the design's block rule, used by :func:`ropekit.rope_index`. Markers and slices make a
+token's place depend on the crops and text around it, which a block rule cannot see: such layouts are placed by
+:func:`ropekit.positions` only (the Hugging Face patch of MiniCPM-V 4.7 reads each sample's layout, slices and
+trailing markers off the marker ids and places it so).
 """
 from __future__ import annotations
 
@@ -183,8 +184,8 @@ def canvas_blocks(segments: Sequence[Segment], markers: bool = False, slices: Sl
     if (markers or grids is not None) and len(segments):
         raise ValueError(
             f"{DESIGN}: with markers=True or `slices`, a token's position depends on the crops and marker tokens "
-            f"around it, which a block rule (and so ropekit.rope_index and the Hugging Face patch, which see token "
-            f"types only) cannot see; place each sample's layout with ropekit.positions(layout, {DESIGN!r}, ...)"
+            f"around it, which a block rule (and so ropekit.rope_index, which sees token types only) cannot see; "
+            f"place each sample's layout with ropekit.positions(layout, {DESIGN!r}, ...)"
         )
     seg, frame, row, token_row, col, t, h, w = frame_rows_np(segments, DESIGN)
     step = (np.maximum(h, w) + 1).astype(np.float64)

@@ -386,6 +386,7 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
         named = state.adapter.position_arguments(model_kwargs)
         if named.get("image_grid_thw") is not None or named.get("video_grid_thw") is not None:
             types_cpu, _, _, _, _, _ = _inputs(inner, state, call)
+            types_cpu = types_cpu.masked_fill(types_cpu >= st.MARKER, 0)  # markers are text to the model
             model_kwargs["mm_token_type_ids"] = types_cpu.to(inputs_tensor.device)
     return pos
 

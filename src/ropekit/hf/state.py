@@ -17,7 +17,7 @@ import torch
 
 from ..designs.registry import positions
 from ..index import rope_index
-from ..layout import AUDIO, Audio, Image, Layout, Text, VideoAudio
+from ..layout import AUDIO, Audio, Image, Layout, Text, Video, VideoAudio
 from ..rotations.scaling import scale_frequencies
 from .adapters import Adapter
 
@@ -94,6 +94,9 @@ class _State:
     audio_token_id: Optional[int] = None  # the audio token, marked (AUDIO) only where a video's audio is interleaved
     interleave: Optional[tuple] = None  # (order, chunk) of a VideoAudio block (Adapter.interleave), or None
     origin: float = 0.0  # the model's first 1-D position (Adapter.position_origin), added to every design's
+    #: ids of the marker tokens placed off the diagonal (Adapter.markers: MiniCPM-V 4.7's <image>, </image>,
+    #: <slice>, </slice>, newline); typed MARKER + their index, and the prompt placed per sample from them
+    markers: Optional[tuple] = None
     counts_padding: bool = False  # a row's leading padding shifts its positions (Adapter.counts_padding)
     #: families typed by their ids alone (no mm_token_type_ids: the Omni thinkers): the token that opens a vision
     #: block, after which the model reads an image or video token as one (see :func:`stray_vision_as_text`)
@@ -134,8 +137,24 @@ def rotary(state: _State, key: Optional[str]) -> tuple[dict[str, _Geometry], flo
 # token types
 
 
+#: the type of marker token ``k`` of :attr:`_State.markers` is ``MARKER + k`` (text to every design's layout)
+MARKER = 5
+IMAGE_START, IMAGE_END, SLICE_START, SLICE_END, NEWLINE = range(MARKER, MARKER + 5)
+
+
 def token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length: int, device,
                 audio: bool = False) -> torch.Tensor:
+    """:func:`_token_types`, with the text tokens that are markers (:attr:`_State.markers`) typed ``MARKER + k``."""
+    types = _token_types(state, input_ids, mm_token_type_ids, batch, length, device, audio)
+    if state.markers is None or input_ids is None:
+        return types
+    for k, token in enumerate(state.markers):
+        types = types.masked_fill((types == 0) & (input_ids.to(types.device) == token), MARKER + k)
+    return types
+
+
+def _token_types(state: _State, input_ids, mm_token_type_ids, batch: int, length: int, device,
+                 audio: bool = False) -> torch.Tensor:
     """Token types (text 0, image 1, video 2): ``mm_token_type_ids``, else read off the vision token ids.
     ``audio`` (a video's audio interleaved with its frames) also marks the audio tokens (4, ``AUDIO``), which
     the prompt is then placed from (:func:`_place_interleaved`)."""
@@ -272,6 +291,8 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
     types, mask = prompt.types, prompt.mask
     if bool((types == AUDIO).any()):
         return _place_interleaved(state, prompt, extra)
+    if state.markers is not None:
+        return _place_canvas(state, prompt, extra)
     batch = types.shape[0]
     ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
     ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
@@ -411,6 +432,85 @@ def _padding_shift(state: _State, pos: torch.Tensor, mask: Optional[torch.Tensor
     valid = mask != 0
     leading = (valid.long().cumsum(-1) == 0).sum(-1).to(pos.dtype)  # (B,)
     return torch.where(valid[None], pos + leading[None, :, None], pos)
+
+
+def _canvas_layouts(state: _State, prompt: _Prompt, extra: int) -> list:
+    """Per sample, ``(layout, canvas options)`` of its valid tokens followed by ``extra`` text tokens, read off the
+    marker types as MiniCPM-V 4.7's processor writes them: every run of image (video) tokens is one crop, taking the
+    next row of the image (video) grids; a crop right after ``<slice>`` is a slice of the open frame, any other
+    crop a thumbnail opening a frame; a frame's slices form as many rows as newlines separate them, plus one; the
+    markers right after a frame's last crop close it (the first) and trail it (the rest). Markers are text in the
+    layout; ``canvas-mrope`` reads them with ``markers=True`` and these ``slices`` and ``trailing``."""
+    images, videos, _ = prompt.grids
+    rows = {1: iter([] if images is None else torch.as_tensor(images).tolist()),
+            2: iter([] if videos is None else torch.as_tensor(videos).tolist())}
+    out = []
+    for b in range(prompt.types.shape[0]):
+        row = prompt.types[b] if prompt.mask is None else prompt.types[b][prompt.mask[b] != 0]
+        codes = row.tolist()
+        segs, frames, at, text = [], [], 0, 0  # frames: [slice count, newlines between slices, trailing]
+        kinds, lengths = torch.unique_consecutive((row == 1).long() + 2 * (row == 2).long(), return_counts=True)
+        for kind, n in zip(kinds.tolist(), lengths.tolist()):
+            if kind == 0:
+                text += n
+                at += n
+                continue
+            grid = next(rows[kind], None)
+            if grid is None or (grid[1] // state.merge) * (grid[2] // state.merge) != n:
+                name = "image" if kind == 1 else "video"
+                raise ValueError(f"patched model: sample {b}: a run of {n} {name} tokens does not match the next "
+                                 f"{name} crop size (target_sizes{'' if kind == 1 else '_videos'})")
+            if frames and at and codes[at - 1] == SLICE_START:
+                frames[-1][0] += 1
+                frames[-1][1] += sum(c == NEWLINE for c in codes[at - text:at])
+            else:
+                frames.append([0, 0, 0])
+            if text:
+                segs.append(Text(text))
+            h, w = grid[1] // state.merge, grid[2] // state.merge
+            segs.append(Image(h, w) if kind == 1 else Video(1, h, w))
+            at, text = at + n, 0
+            closing = 0
+            while at + closing < len(codes) and codes[at + closing] >= MARKER:
+                closing += 1
+            frames[-1][2] = max(closing - 1, 0)
+        if text + extra:
+            segs.append(Text(text + extra))
+        slices = []
+        for f, (count, breaks, _) in enumerate(frames):
+            if count and count % (breaks + 1):
+                raise ValueError(f"patched model: sample {b}: frame {f} has {count} slices in {breaks + 1} rows; "
+                                 f"MiniCPM-V's processor writes rows of equal length")
+            slices.append((breaks + 1, count // (breaks + 1)) if count else (0, 0))
+        out.append((Layout(segs) if segs else None, dict(markers=True, slices=slices,
+                                                         trailing=[fr[2] for fr in frames])))
+    return out
+
+
+def _place_canvas(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor]:
+    """:func:`_place` for a family with markers: one :func:`ropekit.positions` call per sample layout (its crops
+    and text, markers included as text); ``canvas-mrope`` also reads the markers and slices
+    (:func:`_canvas_layouts`), the family's own position code."""
+    layouts = _canvas_layouts(state, prompt, extra)
+    batch, length = prompt.types.shape
+    valid = torch.ones(batch, length, dtype=torch.bool) if prompt.mask is None else prompt.mask != 0
+    valid = torch.cat([valid, torch.ones(batch, extra, dtype=torch.bool)], dim=1)
+    out = {}
+    for name, geo in state.geometries.items():
+        placed = []
+        for lay, canvas in layouts:
+            options = dict(geo.options, **canvas) if geo.design == "canvas-mrope" else geo.options
+            try:
+                placed.append(None if lay is None else positions(lay, geo.design, **options))
+            except ValueError as e:
+                raise ValueError(f"patched model (design {name!r}): {e}") from None
+        axes = next((p.shape[1] for p in placed if p is not None), geo.W.shape[0])
+        pos = torch.zeros(batch, length + extra, axes, dtype=torch.float32)
+        for b, p in enumerate(placed):
+            if p is not None:
+                pos[b, valid[b]] = p
+        out[name] = pos.permute(2, 0, 1).contiguous()
+    return out
 
 
 def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor]) -> _Prompt:

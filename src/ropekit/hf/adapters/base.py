@@ -150,6 +150,16 @@ class Adapter:
         """:attr:`pair_layout` of this model's text model (a family whose text model may vary overrides it)."""
         return self.pair_layout
 
+    def merge_of(self, config: Any) -> int:
+        """:meth:`merge` for a bare model's ``config`` (a family may keep its merge outside the vision config)."""
+        return self.merge(getattr(config, "vision_config", None))
+
+    def markers(self, config: Any) -> Optional[tuple[int, ...]]:
+        """The ids of the marker tokens a family's position code places off the text diagonal, for a bare model's
+        ``config`` (MiniCPM-V 4.7: ``<image>``, ``</image>``, ``<slice>``, ``</slice>``, newline), or None. With
+        markers the prompt is placed per sample from its layout read off the ids (:mod:`ropekit.hf.state`)."""
+        return None
+
     def merge(self, vision_config: Any) -> int:
         """Patches merged per token side (the grid given to the design is divided by this)."""
         return int(getattr(vision_config, "spatial_merge_size", 2))

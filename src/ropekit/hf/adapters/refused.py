@@ -17,13 +17,6 @@ REFUSED: dict[str, str] = {
         "block at its start position; the batch-wide ordinal makes a sample's stock positions and logits depend "
         "on the samples before it, so no per-sample design (with any table rule) equals it on padded batches"
     ),
-    "minicpmv4_7": (
-        "MiniCPM-V 4.7's canvas M-RoPE is ropekit's 'canvas-mrope' design (ropekit.positions with markers=True "
-        "and each frame's slices), but the patch cannot place it yet: get_rope_index pins the <image>, </image>, "
-        "<slice>, </slice> and newline markers (text tokens) off the diagonal and stretches the thumbnail over "
-        "the canvas of its slices, so a sample's layout has to be read off the marker ids and target_sizes "
-        "(its hooks take target_sizes/downsample_mode, not grids), which the patch does not do"
-    ),
     "aria": (
         "Aria's image tokens are no grid: its projector's learned queries (projector_patch_to_query_dict: 128 or "
         "256 per image) cross-attend to all of the vision tower's patches with no position of their own, so each "
