@@ -15,6 +15,7 @@ from .hy_v4_vl import HYV4VL
 from .idefics3 import Idefics3
 from .internvl import InternVL
 from .janus import Janus
+from .kimi_k25 import KimiK25
 from .llama4 import Llama4
 from .lfm2_vl import Lfm2Vl
 from .llava import Llava
@@ -45,7 +46,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     GlmOcr(), Ernie4_5VLMoe(), PaddleOCRVL(), Qwen2_5OmniThinker(), Qwen3OmniMoeThinker(), Llava(), LlavaNext(),
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(), MiniMaxM3VL(),
-    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(),
+    Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(), KimiK25(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
