@@ -52,12 +52,9 @@ def config(family: str):
                                spatial_merge_size=2, tokens_per_second=2, fullatt_block_indexes=[0], patch_size=14,
                                temporal_patch_size=2, window_size=56),
             **_ids(family))
-    if family in ("qwen3_vl", "qwen3_vl_moe"):
-        moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
-        cls = tf.Qwen3VLMoeConfig if family == "qwen3_vl_moe" else tf.Qwen3VLConfig
-        return cls(
-            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS, bos_token_id=EOS,
-                             **(moe if family == "qwen3_vl_moe" else {})),
+    if family == "qwen3_vl":
+        return tf.Qwen3VLConfig(
+            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS, bos_token_id=EOS),
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
                                deepstack_visual_indexes=[0], num_position_embeddings=64),
@@ -69,7 +66,7 @@ def _processor(family: str):
     import transformers as tf
 
     tok = _tokenizer()
-    if family.startswith("qwen3_vl"):
+    if family == "qwen3_vl":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
         video = tf.Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size, fps=2,
@@ -84,7 +81,7 @@ def _processor(family: str):
 
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-           "qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

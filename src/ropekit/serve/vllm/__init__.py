@@ -43,6 +43,9 @@ def guarded_architectures() -> list[str]:
             for a in (arch if isinstance(arch, (list, tuple)) else [arch]):
                 if isinstance(a, str):
                     names.add(a)
+    # the omni thinkers: saved under their own class names, which transformers' Auto tables do not list
+    names |= {"Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel",
+              "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
     supported = set(ModelRegistry.get_supported_archs())
     return sorted((names & supported) - set(SERVED))
 
