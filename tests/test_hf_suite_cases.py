@@ -23,6 +23,7 @@ from ropekit.hf import patch_model, unpatch_model
 from test_hf_families_1d import FAMILIES as FAMILIES_1D, TEXT as TEXT_1D, VISION as VISION_1D, _mistral3
 from test_hf_families_1d import _seeded as _seeded_1d, make_batch as batch_1d
 from test_hf_families_3axis import GLM_VISION, QWEN_VISION, TEXT, make_batch, FAMILIES as FAMILIES_3AXIS
+from test_hf_families_3axis import _seeded as _seeded_3axis
 from test_hf_llava_anyres import _build as _llava_next, make_batch as llava_next_batch
 from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, LAYOUT_KNOWN, VID as OMNI_VID, V_START
 from test_hf_omni import make_batch as omni_batch
@@ -215,6 +216,27 @@ def test_generate_continuing_generates_cache_with_the_whole_sequence_on_a_1d_fam
             got = model.generate(**cont, max_new_tokens=1, **kw)
             assert torch.equal(got.sequences, ref.sequences)
             assert torch.allclose(got.scores[0], ref.scores[3], atol=1e-5)
+    unpatch_model(model)
+
+
+def test_generate_continuing_generates_cache_with_the_prompts_token_types_on_a_3axis_family():
+    """The same continuation on GLM-4V with the grids and the prompt's mm_token_type_ids, shorter than the sequence
+    by what generate made (text, as generate extends the types itself): the stock-equivalent patch's tokens and
+    scores are those of one longer stock generate."""
+    model = _seeded_3axis(FAMILIES_3AXIS["glm4v"].build)
+    samples = [[("T", 3), ("I", 4, 4), ("T", 2)], [("T", 2), ("I", 4, 8), ("T", 1)]]
+    inputs, _ = make_batch(FAMILIES_3AXIS["glm4v"], samples)
+    kw = dict(do_sample=False, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=4, **kw)
+        patch_model(model, "mrope", continuation="spatial")
+        first = model.generate(**inputs, max_new_tokens=3, **kw)
+        mask = torch.nn.functional.pad(inputs["attention_mask"], (0, 3), value=1)
+        cont = dict(inputs, input_ids=first.sequences, attention_mask=mask, past_key_values=first.past_key_values)
+        cont.pop("pixel_values")
+        got = model.generate(**cont, max_new_tokens=1, **kw)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert torch.allclose(got.scores[0], ref.scores[3], atol=1e-5)
     unpatch_model(model)
 
 

@@ -353,6 +353,11 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
         # the whole sequence and its grids are given, or on a 1-D family the patch places images as text (vanilla:
         # the positions need no images): place it all (generate keeps the uncached tail)
         cached = False
+        types = model_kwargs.get("mm_token_type_ids")
+        if isinstance(types, torch.Tensor) and types.ndim == 2 and types.shape[1] < input_ids.shape[1]:
+            # the types of the prompt before the tokens a generate made: those are text, as generate extends the
+            # types itself at every step
+            model_kwargs["mm_token_type_ids"] = torch.nn.functional.pad(types, (0, input_ids.shape[1] - types.shape[1]))
     if cached:
         record = continuation_of(cache)
         if record is None:
