@@ -18,6 +18,9 @@ from test_hf_vision import OTHER_FAMILIES, _out
 # one family of each rotation kind (LieRE's block rotation is ComRoPE's, directional's planar one axial's)
 FAMILIES = [("axial", dict(frequencies="axial"))] + [f for f in OTHER_FAMILIES
                                                      if f[0] not in ("axial", "liere", "directional")]
+# 2-D encoders: the hook paths differ per encoder, the rotations not (GeoPE's and GRAPE's 2-D rotations run on
+# the encoders of test_hf_vision.py); a shared planar, a per-head and a learned block family
+FAMILIES_2D = [f for f in FAMILIES if f[0] in ("axial", "mixed", "comrope")]
 
 
 def _record(monkeypatch) -> list:
@@ -32,9 +35,9 @@ def _record(monkeypatch) -> list:
     return seen
 
 
-def _trains(model, run, attentions: int, name: str) -> None:
-    """Every family: one training step reaches the family's own parameters, and eval runs finite."""
-    for family, options in FAMILIES:
+def _trains(model, run, attentions: int, name: str, families=None) -> None:
+    """Each family: one training step is finite and reaches the family's own parameters, one module per attention."""
+    for family, options in families or FAMILIES_2D:
         patch_vision_model(model, family, **options)
         model.train()
         model.zero_grad()
@@ -46,8 +49,6 @@ def _trains(model, run, attentions: int, name: str) -> None:
         assert all(g is not None and g.abs().sum() > 0 for g in own.values()), (name, family)
         if learned:
             assert len({n.split(".ropekit_rotary")[0] for n in own}) == attentions, (name, family)
-        with torch.no_grad():
-            assert torch.isfinite(run(model.eval())).all(), (name, family)
     unpatch_vision_model(model)
 
 
@@ -119,11 +120,11 @@ def test_vjepa2_patches_sit_on_the_video_grid(monkeypatch):
     assert all(torch.equal(c, grid[ids]) for c in predictor)
 
 
-def test_vjepa2_every_family_trains_in_encoder_and_predictor():
+def test_vjepa2_families_train_in_encoder_and_predictor():
     torch.manual_seed(0)
     video = torch.randn(2, 4, 3, 16, 16)
     _trains(_vjepa2(), lambda m: m(pixel_values_videos=video, context_mask=_CONTEXT,
-                                   target_mask=_TARGET).predictor_output.last_hidden_state, 3, "vjepa2")
+                                   target_mask=_TARGET).predictor_output.last_hidden_state, 3, "vjepa2", FAMILIES)
 
 
 def test_vjepa2_other_input_sizes_are_refused_with_the_stock_fact():
@@ -213,7 +214,7 @@ def test_gemma4_patches_sit_on_the_image_grid(monkeypatch):
         assert (coords[1, 16:] == -1).all()
 
 
-def test_gemma4_every_family_trains_and_rotates_in_place_alike():
+def test_gemma4_families_train_and_rotate_in_place_alike():
     torch.manual_seed(0)
     model, x = _gemma4(), _gemma4_inputs((4, 6), (4, 4))
     _trains(model, lambda m: _out(m, x), 2, "gemma4")
@@ -291,7 +292,7 @@ def test_qwen_like_towers_reproduce_stock_and_place_every_image_grid(name, monke
 
 
 @pytest.mark.parametrize("name", sorted(QWEN_LIKE))
-def test_qwen_like_towers_train_every_family(name):
+def test_qwen_like_towers_train_the_families(name):
     torch.manual_seed(0)
     build, inputs = QWEN_LIKE[name]
     model, x = build(), inputs((4, 6), (4, 4))
@@ -299,9 +300,9 @@ def test_qwen_like_towers_train_every_family(name):
         with pytest.raises(ValueError, match="family='mixed'.*fewer heads"):
             patch_vision_model(model, "mixed")
         assert not ropekit.hf.vision.is_vision_patched(model)
-        families = [f for f in FAMILIES if f[0] != "mixed"]
+        families = [f for f in FAMILIES_2D if f[0] != "mixed"]
     else:
-        families = FAMILIES
+        families = FAMILIES_2D
     for family, options in families:
         patch_vision_model(model, family, **options)
         model.train()
@@ -343,7 +344,7 @@ def test_llama4_stock_map_reproduces_the_encoder_and_places_the_grid_after_the_c
     assert len(seen) == 2 and all(torch.equal(c, ropekit.positions("T1 I4x4", "rope2d")[1:]) for c in seen)
 
 
-def test_llama4_every_family_trains():
+def test_llama4_families_train():
     torch.manual_seed(0)
     x = dict(pixel_values=torch.randn(2, 3, 16, 16))
     _trains(_llama4(), lambda m: _out(m, x), 2, "llama4")
@@ -381,7 +382,7 @@ def test_sam3_stock_map_reproduces_the_backbone_and_places_windows_and_the_globa
     assert torch.equal(seen[1], ropekit.positions("I8x8", "rope2d") * 0.5)
 
 
-def test_sam3_every_family_trains_one_module_per_layer():
+def test_sam3_families_train_one_module_per_layer():
     torch.manual_seed(0)
     x = dict(pixel_values=torch.randn(1, 3, 32, 32))
     _trains(_sam3(), lambda m: _out(m, x), 2, "sam3")
