@@ -85,7 +85,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
-    """Save a random ``family`` model patched with ``design`` (and ``patch_model`` keywords) at ``out``."""
+    """Save a random ``family`` model patched with ``design`` (and ``patch_model`` keywords) at ``out``; with
+    ``design=None`` the stock model, unpatched."""
     import transformers as tf
 
     from ropekit.hf import patch_model
@@ -96,7 +97,8 @@ def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
         for name, p in model.named_parameters():
             if p.ndim >= 2 and "visual" not in name:
                 p.normal_(0, 0.1)
-    patch_model(model, design, **patch)
+    if design is not None:
+        patch_model(model, design, **patch)
     model.save_pretrained(out)
     _processor(family).save_pretrained(out)
     return out
