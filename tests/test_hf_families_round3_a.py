@@ -357,6 +357,15 @@ def test_gemma4_full_attention_layers_keep_proportional_rope():
     restore(model)
 
 
+def test_gemma4_sections_for_one_head_size_are_refused():
+    """The sliding layers turn 8 pairs, the full-attention layers 4: one ``sections=`` split cannot serve both, so it
+    is refused before anything changes (each table otherwise takes the default split of its own pairs)."""
+    model = _seeded(_gemma4)
+    with pytest.raises(ValueError, match=r"layer types rotate \[4, 8\] pairs"):
+        patch_model(model, "mrope", sections=[2, 3, 3])
+    assert not is_patched(model)
+
+
 def test_gemma4_images_need_their_patch_positions():
     """The encoded features carry each image's token count, not its shape (2 x 3 and 3 x 2 fill the same count):
     a forward with images but without ``image_position_ids`` is refused, as are patches that are no full grid of
