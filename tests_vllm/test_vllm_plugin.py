@@ -65,3 +65,31 @@ def test_an_untested_vllm_release_is_refused(monkeypatch):
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     with pytest.raises(ValueError, match=rf"vLLM 0.33.0 is outside .*{TESTED_VLLM[0]}"):
         models.check_serving("Qwen2VLForConditionalGeneration", _config({"design": "circle"}))
+
+
+def test_handles_survive_vllms_own_continuation_up_to_the_last_slot_and_token():
+    """vLLM continues a request with ``delta + context_len`` where context_len is an int32; the last slot's last
+    token still fits, and the handle reads back the request's prompt position or its continuation per row."""
+    import numpy as np
+    from vllm.model_executor.layers.rotary_embedding import MRotaryEmbedding
+
+    from ropekit.serve.vllm.models import _Requests
+
+    max_model_len = 100_000_000  # few slots: 2**31 / 2**27
+    requests = _Requests(rows=2, max_model_len=max_model_len)
+    geo = np.array([[0.5, 1.25, 2.0], [3.0, -1.5, 0.25]], dtype=np.float32)
+    start = np.array([7.75, 9.0], dtype=np.float32)
+    slots = [requests.add(geo, start) for _ in range(requests.slots - 1)]  # every slot
+    last = slots[-1]
+    out = np.zeros((3, 4), dtype=np.int64)
+    MRotaryEmbedding.get_next_input_positions_tensor(out=out, out_offset=0, mrope_position_delta=last * requests.span,
+                                                     context_len=np.int32(max_model_len - 2), num_new_tokens=2)
+    assert int(out.max()) < 2**31
+    got = requests.lookup(np.concatenate([last * requests.span + np.arange(3), out[0, :2]]))
+    steps = np.array([max_model_len - 2 - 3, max_model_len - 1 - 3], dtype=np.float32)
+    want = np.concatenate([geo, start[:, None] + steps[None]], axis=1)
+    assert np.array_equal(got, want)
+    with pytest.raises(RuntimeError, match="requests are held at once"):
+        requests.add(geo, start)
+    requests.drop(last)
+    assert requests.add(geo, start) == last  # a finished request's slot is reused

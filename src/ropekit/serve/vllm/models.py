@@ -106,7 +106,8 @@ class _Requests:
             raise ValueError(f"ropekit vLLM plugin: max_model_len {max_model_len} leaves no room for position handles "
                              f"below 2**31; serve with a shorter max_model_len")
         self.entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.free = list(range(self.slots - 1, 0, -1))
+        self.free: list[int] = []  # slots let go, reused first
+        self.next = 1  # slots from here on were never used
         self.lock = threading.Lock()
 
     @property
@@ -115,12 +116,15 @@ class _Requests:
 
     def add(self, geo: np.ndarray, start: np.ndarray) -> int:
         with self.lock:
-            if not self.free:
+            if self.free:
+                slot = self.free.pop()
+            elif self.next < self.slots:
+                slot, self.next = self.next, self.next + 1
+            else:
                 raise RuntimeError(
                     f"ropekit vLLM plugin: {self.slots - 1} requests are held at once, the most whose position handles "
                     f"fit below 2**31 with max_model_len < {self.span}; lower max_model_len or the number of requests"
                 )
-            slot = self.free.pop()
             self.entries[slot] = (geo, start)
             return slot
 
