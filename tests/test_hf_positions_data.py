@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen2VLForConditionalGeneration
 
-from ropekit.hf import (PackingCollator, is_patched, pack, patch_model, position_ids, position_rows,
-                        unpatch_model)
+from ropekit.hf import (PackingCollator, is_patched, last_positions, pack, patch_model, position_ids,
+                        position_rows, unpatch_model)
 
 from test_hf import CACHE, SAMPLES, STOCK_SAMPLES, _qwen2_cfg, _seed_build, make_batch
 
@@ -125,6 +125,29 @@ def test_interleaved_requests_decode_from_their_own_cache(qwen2, patch):
         for name, req in (("a", a), ("b", b)):
             forced = qwen2(**_extend(req, new)).logits[:, -1]
             torch.testing.assert_close(steps[name], forced, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_steps_without_a_mask_continue_the_prompt(qwen2):
+    """Steps given no attention mask (a hand-written loop over an unpadded prompt) take, on both geometries of an AGE
+    patch, the positions teacher forcing gives the whole sequence, and its logits; a cache cut below the prompt is
+    refused, never continued from a guess."""
+    inputs, _ = make_batch([SAMPLES[0]], pad="left")  # one sample: no padding
+    patch_model(qwen2, ("compact", "vrope"), age="alternate")  # compact's text leaves the diagonal
+    new = torch.tensor([[5, 6, 7]])
+    length = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        cache = getattr(qwen2(**inputs, use_cache=True), CACHE)
+        steps = [qwen2(input_ids=new[:, i:i + 1], use_cache=True, **{CACHE: cache}).logits[:, -1] for i in range(3)]
+        last = last_positions(qwen2)
+        forced = qwen2(**_extend(inputs, new)).logits
+        whole = last_positions(qwen2)
+        for layer, pos in last.items():
+            assert torch.equal(pos, whole[layer][..., -1:]), layer
+        for i, step in enumerate(steps):
+            torch.testing.assert_close(step, forced[:, length + i], rtol=1e-5, atol=1e-5)
+        cache.crop(length - 1 - cache.get_seq_length())  # one token short of the prompt
+        with pytest.raises(ValueError, match="fewer cached tokens than the prompt"):
+            qwen2(input_ids=new[:, :1], use_cache=True, **{CACHE: cache})
 
 
 def test_a_cache_the_patch_did_not_fill_is_refused(qwen2):
