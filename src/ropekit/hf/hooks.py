@@ -504,7 +504,8 @@ def _geometry_rows(state: st._State, position_ids: torch.Tensor, batch: int, len
     rows = state.num_rows
     if position_ids.ndim == 3 and position_ids.shape[0] in (rows, rows - 1):
         geo = position_ids[1:] if position_ids.shape[0] == rows else position_ids
-        return state.split(geo.expand(-1, batch, -1).float())
+        geo = geo.expand(-1, batch, -1)
+        return state.split(geo if geo.dtype == torch.float32 else geo.float())
     ids = position_ids if position_ids.ndim == 3 else position_ids[None]
     ids = ids.expand(-1, batch, -1).float()
     if ids.shape[0] != 1 and not torch.compiler.is_compiling() and not bool((ids == ids[:1]).all()):
@@ -521,12 +522,13 @@ def _tables(state: st._State, name: str, pos: torch.Tensor, device, key: Optiona
     """float32 cos/sin ``(B, L, D)`` of geometry ``name`` at positions ``pos (A, B, L)`` with the frequencies of
     rotary table ``key`` (None: the model's one table), in the model's layout; on a model with complex tables
     (``state.complex_tables``) ``(e^{i theta} (B, L, D/2), None)``."""
-    pos = pos.to(device, torch.float32)
+    if pos.device != device or pos.dtype != torch.float32:  # (a no-op .to still costs a dispatch per step)
+        pos = pos.to(device, torch.float32)
     W = st.frequencies(state, name, pos, key)
     factor = st.rotary(state, key)[1]
     # the angles without angles()' finiteness read-back: W is built finite at patch time and the positions come
     # from the patch's placement or the caller (non-finite ones give non-finite logits, as in the stock model)
-    a = product(pos.permute(1, 2, 0), W.to(device))
+    a = product(pos.permute(1, 2, 0), W if W.device == pos.device else W.to(pos.device))
     if state.complex_tables:  # one e^{i theta} per pair (Llama 4 multiplies channels 2j, 2j + 1 as complex numbers)
         return torch.polar(torch.ones_like(a), a) * factor, None
     if state.layout == "pairs":  # the model rotates channels 2j, 2j + 1 by pair j (GLM-4.1V, ERNIE-4.5-VL, Cohere)
@@ -565,8 +567,8 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
             if s is None:  # complex tables, as the stock rotary returns them
                 cos.append(c)
                 continue
-            cos.append(c if state.float32_tables else c.to(x.dtype))
-            sin.append(s if state.float32_tables else s.to(x.dtype))
+            cos.append(c if state.float32_tables or c.dtype == x.dtype else c.to(x.dtype))
+            sin.append(s if state.float32_tables or s.dtype == x.dtype else s.to(x.dtype))
     if not sin:  # complex tables, laid out in memory as the stock rotary lays out its own (which differs between
         # releases): the attention's complex product rounds by its kernel, which follows the layout
         table = cos[0] if len(cos) == 1 else torch.cat(cos, dim=-1)
@@ -587,6 +589,10 @@ def _rotary_key(state: st._State, given: dict) -> Optional[str]:
 def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     """Run the layer with the cos/sin of its own geometry (its block of the tables the rotary put side by side) and
     the text row as its 1-D ``position_ids`` (what flash attention reads packed rows off)."""
+    if hook.blocks == 1 and len(args) == 1 and hook.names[:1] == ("hidden_states",):
+        pos = kwargs.get("position_ids")
+        if not (isinstance(pos, torch.Tensor) and pos.ndim == 3):  # one geometry and 1-D positions (as the text
+            return hook.call_previous(*args, **kwargs)  # models split them off): nothing to translate
     given = hook.bind(args, kwargs)
     emb = given.get("position_embeddings")
     if isinstance(emb, torch.Tensor) and hook.blocks > 1:  # one complex table (Llama 4)

@@ -310,8 +310,8 @@ def product(coords: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """The arithmetic of :func:`angles` without its checks, for callers that validated ``coords`` and ``W`` once
     (a patched model's rotary: frequencies built at patch time, positions placed by the patch)."""
     work = torch.float64 if torch.float64 in (coords.dtype, W.dtype) else torch.float32
-    c = coords.to(work)
-    Wf = W.to(work)
+    c = coords if coords.dtype == work else coords.to(work)
+    Wf = W if W.dtype == work else W.to(work)
     if W.ndim == 3:  # per head: (..., L, A) -> (..., 1, L, A, 1) * (H, 1, A, R/2)
         return (c[..., None, :, :, None] * Wf[:, None, :, :]).sum(-2)
     if W.shape[-2] == 1:
