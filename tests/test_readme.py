@@ -85,3 +85,26 @@ def test_relative_doc_example_runs_and_matches_its_comments():
     assert by_comment["≈ 1e-5: float32 rounding"] < 1e-4
     rows = next(v for c, v in by_comment.items() if c.startswith("one row per family"))
     assert rows and all(r["exact"] == r["expected_exact"] for r in rows)
+
+
+def test_the_family_table_lists_every_family_patch_model_knows():
+    """The README's table of model families has one row per supported model type and per refused one, each under
+    its transformers ``model_type``; supported rows name a stock-equivalent design, refused ones "none"."""
+    pytest.importorskip("transformers")
+    from ropekit.hf import supported_models
+    from ropekit.hf.adapters import REFUSED
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| family (`model_type`) |")
+    rows = [line for line in text[start:].splitlines()[2:] if line.startswith("|")]
+    rows = rows[:next((i for i, r in enumerate(rows) if not r.strip()), len(rows))]
+    listed: dict[str, str] = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        for mtype in re.findall(r"\(`([a-z0-9_]+)`\)", cells[0]):
+            assert mtype not in listed, f"README lists {mtype} twice"
+            listed[mtype] = cells[3]
+    known = set(supported_models()) | set(REFUSED)
+    assert set(listed) == known, f"missing: {sorted(known - set(listed))}; not a family: {sorted(set(listed) - known)}"
+    for mtype, stock in listed.items():
+        assert (stock == "none") == (mtype in REFUSED), (mtype, stock)
