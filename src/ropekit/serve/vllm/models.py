@@ -71,8 +71,9 @@ def check_serving(arch: str, vllm_config: Any) -> None:
         )
     if getattr(vllm_config, "use_v2_model_runner", False):
         raise ValueError(
-            f"{where}: vLLM's model runner V2 keeps M-RoPE prompt positions as int32, which cannot carry ropekit's "
-            f"position handles; start vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (docs/serving.md)"
+            f"{where}: vLLM's model runner V2 copies a request's prompt positions and drops the tensor ropekit ties "
+            f"the request's float positions to, so when a request ends cannot be told; start vLLM with "
+            f"VLLM_USE_V2_MODEL_RUNNER=0 (docs/serving.md)"
         )
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise ValueError(
