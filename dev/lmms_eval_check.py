@@ -3,8 +3,9 @@
 ``python dev/lmms_eval_check.py [--workdir DIR]``, with a Python that has lmms-eval 0.7.3 and ropekit (``make
 test-lmms`` builds one in ``.venv-lmms``; docs/finetune.md, "Evaluating with lmms-eval"). Nothing is downloaded:
 
-1. a tiny random Qwen2-VL (2 layers, hidden 32) with a byte-level BPE tokenizer trained here with ``tokenizers`` on
-   a few sentences, a chat template and Qwen2-VL's image and video processors, all saved with the checkpoint;
+1. a tiny random Qwen2-VL (2 layers, hidden 64, head_dim 32) with a byte-level BPE tokenizer trained here with
+   ``tokenizers`` on a few sentences, a chat template and Qwen2-VL's image and video processors, all saved with the
+   checkpoint;
 2. the model patched with Circle-RoPE under AGE and saved (``config.json``: model type ``"ropekit"``);
 3. lmms-eval's own CLI (``python -m lmms_eval``) with ``--model ropekit`` (the model ropekit registers through
    lmms-eval's ``lmms_eval.models`` entry points) on a local task made here: one document, one image made with
@@ -77,12 +78,12 @@ def build_checkpoint(path: Path) -> None:
     tok = processor.tokenizer
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     cfg = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
                          bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
-                           patch_size=2, temporal_patch_size=2),
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=1, spatial_merge_size=2,
+                           patch_size=2, temporal_patch_size=2),  # head_dim 32: the smallest vLLM's CPU attention takes
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )
@@ -173,7 +174,7 @@ def reference_answers(ckpt: Path, image: Path, questions: list[str]) -> tuple[li
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", default=None, help="folder for the checkpoint, the task and the logs (default: a "
-                                                   "temporary one)")
+                                                   "temporary one); they are kept there")
     args = p.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ropekit-lmms-")).resolve()
     work.mkdir(parents=True, exist_ok=True)

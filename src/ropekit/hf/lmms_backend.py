@@ -120,7 +120,8 @@ def _make_class() -> type:
                 raise RuntimeError(f"ropekit (lmms-eval): {pretrained} loaded unpatched")
             self.trust_remote_code = False
             self.max_num_frames = max_num_frames
-            self.system_prompt = self._resolve_system_prompt(system_prompt.replace("\\n", "\n")) if system_prompt else None
+            prompt = system_prompt.replace("\\n", "\n") if system_prompt else None
+            self.system_prompt = self._resolve_system_prompt(prompt) if prompt else None
             self.processor = _Processor(AutoProcessor.from_pretrained(pretrained))
             self._tokenizer = AutoTokenizer.from_pretrained(pretrained)
             self.interleave_visuals = interleave_visuals
