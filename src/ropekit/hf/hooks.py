@@ -553,7 +553,7 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     given = hook.bind(args, kwargs)
     x, position_ids = given["x"], given.get("position_ids")
     state = hook.state
-    key = _rotary_key(state, given)
+    key = _rotary_key(hook, state, given)
     batch, length = x.shape[0], x.shape[1]
     if position_ids is None:
         position_ids = torch.arange(length, device=x.device)[None].expand(batch, -1)
@@ -579,9 +579,11 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
-def _rotary_key(state: st._State, given: dict) -> Optional[str]:
+def _rotary_key(hook: Hook, state: st._State, given: dict) -> Optional[str]:
     """Which of the model's rotary tables this rotary call asks for (Gemma 3: its ``layer_type``); None for a model
-    with one table."""
+    with one table. A family with one rotary module per table (Molmo2) names it at install (``table``)."""
+    if getattr(hook, "table", None) is not None:
+        return hook.table
     keys = [given.get(p) for p in sorted(state.adapter.rotary_params)]
     return keys[0] if len(keys) == 1 else (tuple(keys) if keys else None)
 

@@ -89,7 +89,8 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     know (:mod:`ropekit.hf.boundary`): the methods the patch replaces, and the forwards whose arguments
     ``generate`` hands on as model kwargs."""
     boundary.check_version("patch_model")
-    checks = [(type(text.rotary_emb), "forward", _rotary_contract(adapter))]
+    checks = [(t, "forward", _rotary_contract(adapter))
+              for t in dict.fromkeys(type(m) for m, _ in _rotaries(adapter, text))]
     checks += [(t, "forward", _layer_contract(adapter)) for t in dict.fromkeys(map(type, text.layers))]
     checks += [(type(text), "forward", _text_contract(adapter))]
     forward = _forward_contract(adapter)
@@ -102,6 +103,14 @@ def _check_boundary(top: Optional[nn.Module], inner: nn.Module, text: nn.Module,
     if top is not None and adapter.generate_drops_positions:
         checks.append((type(top), "prepare_inputs_for_generation", hooks.CONTRACTS[hooks.keep_generate_positions]))
     boundary.check_all(checks)
+
+
+def _rotaries(adapter: Adapter, text: nn.Module) -> list[tuple[nn.Module, Optional[str]]]:
+    """The text model's rotary modules with the table each one builds (:attr:`Adapter.rotary_modules`; None: the one
+    ``rotary_emb``, whose calls name their table by :attr:`Adapter.rotary_params` where the model has several)."""
+    if not adapter.rotary_modules:
+        return [(text.rotary_emb, None)]
+    return [(getattr(text, attr), key) for attr, key in adapter.rotary_modules]
 
 
 def _layer_contract(adapter: Adapter) -> boundary.Contract:
@@ -476,7 +485,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     hooks.install(inner, "forward", hooks.model_forward, state, contract=_forward_contract(adapter),
                   text_config=text.config)
     hooks.install(text, "forward", hooks.text_forward, state, contract=_text_contract(adapter))
-    hooks.install(text.rotary_emb, "forward", hooks.rotary_forward, state, contract=_rotary_contract(adapter))
+    for rotary, key in _rotaries(adapter, text):
+        hooks.install(rotary, "forward", hooks.rotary_forward, state, contract=_rotary_contract(adapter), table=key)
     blocks = list(geometries)
     for i, layer in enumerate(layers):
         hooks.install(layer, "forward", hooks.layer_forward, state, contract=_layer_contract(adapter), index=i,
@@ -524,7 +534,9 @@ def _remove(top: Optional[nn.Module], inner: nn.Module, text: nn.Module, erase: 
     hooks.remove(top, "prepare_inputs_for_generation")
     for layer in text.layers:
         hooks.remove(layer, "forward")
-    hooks.remove(text.rotary_emb, "forward")
+    state = inner.__dict__.get(_STATE_ATTR)
+    for rotary, _ in _rotaries(state.adapter, text) if state is not None else [(text.rotary_emb, None)]:
+        hooks.remove(rotary, "forward")
     hooks.remove(text, "forward")
     hooks.remove(inner, "get_rope_index")
     hooks.remove(inner, "forward")

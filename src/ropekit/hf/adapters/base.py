@@ -87,6 +87,10 @@ class Adapter:
     #: several rotary tables (Gemma 3's ``layer_type``: its sliding-window and global layers use different bases);
     #: such a family also states the tables in :meth:`rope_variants`
     rotary_params: frozenset = frozenset()
+    #: families whose text model holds one rotary module per table instead of one module picking its table by
+    #: :attr:`rotary_params` (Molmo2's ``rotary_emb`` and ``rotary_emb_unscaled``): ``((attribute, table key), …)``
+    #: of the text model, the keys those of :meth:`rope_variants`; empty: the one module ``rotary_emb``
+    rotary_modules: tuple = ()
     #: the model's first position on 1-D families (PaliGemma counts from 1): every design's positions are
     #: shifted by it, as the stock model shifts its own
     position_origin: float = 0.0
