@@ -24,6 +24,7 @@ from .llava_onevision import LlavaOnevision
 from .minicpmv4_7 import MiniCPMV4_7
 from .minimax_m3_vl import MiniMaxM3VL
 from .mistral3 import Mistral3
+from .molmo2 import Molmo2
 from .ovis2 import Ovis2
 from .paddleocr_vl import PaddleOCRVL
 from .paligemma import PaliGemma
@@ -47,6 +48,6 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(), MiniMaxM3VL(),
     Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(), KimiK25(),
-    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7())}
+    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7(), Molmo2())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
