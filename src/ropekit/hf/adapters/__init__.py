@@ -40,6 +40,7 @@ from .qwen3_5_moe import Qwen3_5Moe
 from .qwen4_exp import Qwen4Exp
 from .refused import REFUSED
 from .smolvlm import SmolVLM
+from .step3p7 import Step3p7
 from .video_llama_3 import VideoLlama3
 
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
@@ -48,6 +49,6 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(), MiniMaxM3VL(),
     Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(), KimiK25(),
-    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7(), Molmo2())}
+    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7(), Molmo2(), Step3p7())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]
