@@ -265,8 +265,9 @@ def _encoded(model, inputs):
     encoder_args = {k: out.pop(k) for k in ("pixel_values", "image_sizes", "pixel_attention_mask",
                                                           "image_token_pooling") if k in out}
     # kept for the forward too: Gemma 4's image_position_ids, EXAONE 4.5's image_grid_thw, LFM2-VL's spatial_shapes,
-    # VideoLLaMA3's image_grid_thw and image_merge_sizes, Molmo2's image_grids
-    keep = ("image_position_ids", "image_grid_thw", "spatial_shapes", "image_merge_sizes", "image_grids")
+    # VideoLLaMA3's image_grid_thw and image_merge_sizes, Molmo2's image_grids, MiniCPM-V 4.6's target_sizes
+    keep = ("image_position_ids", "image_grid_thw", "spatial_shapes", "image_merge_sizes", "image_grids",
+            "target_sizes")
     encoder_args.update({k: out[k] for k in keep if k in out})
     with torch.no_grad():
         bare = getattr(model, "model", model)

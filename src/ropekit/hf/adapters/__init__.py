@@ -21,6 +21,7 @@ from .lfm2_vl import Lfm2Vl
 from .llava import Llava
 from .llava_next import LlavaNext, LlavaNextVideo
 from .llava_onevision import LlavaOnevision
+from .minicpmv4_6 import MiniCPMV4_6
 from .minicpmv4_7 import MiniCPMV4_7
 from .minimax_m3_vl import MiniMaxM3VL
 from .mistral3 import Mistral3
@@ -49,6 +50,7 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     LlavaNextVideo(), LlavaOnevision(), InternVL(), Gemma3(), Idefics3(), SmolVLM(), Mistral3(), PaliGemma(),
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(), MiniMaxM3VL(),
     Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(), KimiK25(),
-    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_7(), Molmo2(), Step3p7())}
+    Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_6(), MiniCPMV4_7(), Molmo2(),
+    Step3p7())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

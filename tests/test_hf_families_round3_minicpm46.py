@@ -1,0 +1,208 @@
+"""ropekit designs inside MiniCPM-V 4.6 (a tiny random model built from its config): every crop (the thumbnail and
+each slice) and every video frame a grid of its own, placed like LLaVA's images, in a Qwen3.5 text model the stock
+model hands no positions.
+
+The matrix is tests/test_hf_families_1d.py's, run on this family: its tests are collected here too, on this module's
+``fam`` fixture, with the family added to its table. References: the stock transformers model with the same weights
+(``vanilla`` gives its logits and ``generate`` output bit for bit), each design's ``ropekit.positions`` on the layout
+the model sees, the model's own window merger and merger (which patches each image token holds), one teacher-forced
+forward (cached generation), per-sample runs (packing), save and reload.
+"""
+import pytest
+import torch
+import transformers as T
+
+import ropekit.hf
+
+import test_hf_families_1d as base
+from hf_compat import restore
+from ropekit import Image, Layout, Text, Video
+from ropekit.hf import is_patched, last_positions, patch_model
+from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's family)
+    IMG, TEXT, Family, _logits, _seeded,
+    test_cached_generation_equals_a_teacher_forced_forward,
+    test_checkpointed_training_step, test_every_design_places_its_positions,
+    test_save_pretrained_and_reload_restore_the_patch, test_vanilla_is_the_stock_model)
+from test_hf_llava import reference_positions
+
+IS, IE, SS, SE, NL, VID = 61, 62, 63, 64, 65, 75  # <image>, </image>, <slice>, </slice>, "\n", video token
+ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5,
+        "mrope_interleaved": True}
+
+
+def _minicpmv4_6(layers=("full_attention", "full_attention"), **kw):
+    """A tiny MiniCPM-V 4.6: two full-attention Qwen3.5 layers for the matrix (the checkpoints interleave
+    linear-attention layers, which take no positions: ``layers`` builds them, slower on CPU)."""
+    cls = getattr(T, "MiniCPMV4_6ForConditionalGeneration", None)
+    if cls is None:
+        pytest.skip(f"transformers {T.__version__} has no MiniCPMV4_6ForConditionalGeneration")
+    return cls(T.MiniCPMV4_6Config(
+        text_config=dict(TEXT, model_type="qwen3_5_text", head_dim=16, rope_parameters=ROPE, pad_token_id=0,
+                         layer_types=list(layers), linear_num_value_heads=2,
+                         linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=2),
+        image_token_id=IMG, video_token_id=VID, insert_layer_id=0, **kw))
+
+
+def _picture(spec, token=IMG):
+    """A picture as the processor writes it: ``<image>`` thumbnail ``</image>``, then its slices row by row (each
+    ``<slice>`` tokens ``</slice>``, rows joined by newlines). ``spec``: (thumbnail grid, slice rows, slice cols,
+    slice grid), grids in tokens."""
+    (th, tw), rows, cols, (sh, sw) = spec
+    ids, lay, grids = [IS] + [token] * th * tw + [IE], [Text(1), Image(th, tw), Text(1)], [(th, tw)]
+    for r in range(rows):
+        for _ in range(cols):
+            ids, lay, grids = ids + [SS] + [token] * sh * sw + [SE], lay + [Text(1), Image(sh, sw), Text(1)], \
+                grids + [(sh, sw)]
+        if r < rows - 1:
+            ids, lay = ids + [NL], lay + [Text(1)]
+    return ids, lay, grids
+
+
+def _packed_pixels(grids, g, factor=4):
+    """NaViT-packed pixels of crops of ``grids`` tokens (``factor`` patches per token side, 2 x 2 pixel patches)
+    and their target sizes in patches."""
+    sizes = torch.tensor([[factor * h, factor * w] for h, w in grids])
+    return torch.rand(1, 3, 2, 2 * int(sizes.prod(1).sum()), generator=g), sizes
+
+
+def _pixels(images, per_sample, g):
+    pixels, sizes = _packed_pixels([grid for image in images for grid in image], g)
+    return {"pixel_values": pixels, "target_sizes": sizes}
+
+
+def _mixed_crop_sizes():
+    """Whether the installed release's window merger takes crops of different sizes in one call (5.18's reshapes
+    every crop to the size of the first, so a batch there holds crops of one size)."""
+    try:
+        from transformers.models.minicpmv4_6 import modeling_minicpmv4_6 as M
+    except ImportError:
+        return False
+    return not hasattr(M, "get_vision_merged_shape")
+
+
+_A, _B = ((2, 3), (3, 2)) if _mixed_crop_sizes() else ((2, 2), (2, 2))
+MINICPM46 = {
+    "minicpmv4_6": Family(_minicpmv4_6, _picture, [[("T", 2), ("I", (_A, 1, 2, (2, 2))), ("T", 2)],
+                                                   [("T", 3), ("I", (_B, 0, 0, (0, 0))), ("T", 1),
+                                                    ("I", ((2, 2), 0, 0, (0, 0))), ("T", 1)]],
+                          pixels=_pixels),
+}
+base.FAMILIES.update(MINICPM46)  # the shared tests read the families from that table
+
+
+@pytest.fixture(scope="module", params=list(MINICPM46))
+def fam(request):
+    """(family name, a stock model); the model is unpatched after every test."""
+    model = _seeded(MINICPM46[request.param].build)
+    yield request.param, model
+    restore(model)
+
+
+@pytest.fixture(autouse=True)
+def _unpatched_after(request):
+    yield
+    if "fam" in request.fixturenames:
+        restore(request.getfixturevalue("fam")[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiniCPM-V 4.6 specifics
+
+
+def test_minicpmv4_6_with_linear_attention_layers_is_the_stock_model():
+    """As the checkpoints are built (layer 0 a linear-attention layer, without rotary; layer 1 full attention on
+    half of each head): ``vanilla`` gives the stock logits and ``generate`` output bit for bit."""
+    model = _seeded(lambda: _minicpmv4_6(layers=("linear_attention", "full_attention")))
+    inputs, _ = base.make_batch("minicpmv4_6")
+    keep = inputs["attention_mask"].bool()
+    stock_pos = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    kw = dict(max_new_tokens=2, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = model(**inputs, position_ids=stock_pos).logits
+        gref = model.generate(**inputs, **kw)
+        patch_model(model, "vanilla")
+        assert torch.equal(_logits(model, inputs)[keep], ref[keep])
+        got = model.generate(**inputs, **kw)
+    assert torch.equal(got.sequences, gref.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.logits, gref.logits))
+    restore(model)
+
+
+def test_minicpmv4_6_packing_is_refused_by_name():
+    """``ropekit.hf.pack`` does not lay out this family's vision inputs (all crops' pixels are one NaViT-packed row,
+    sized by ``target_sizes``): it refuses them by name rather than stacking them per sample."""
+    model = _seeded(_minicpmv4_6)
+    patch_model(model, "vanilla")
+    samples = [base.make_batch("minicpmv4_6", seed=i)[0] for i in range(2)]
+    with pytest.raises(ValueError, match=r"holds \['target_sizes'\], which pack does not know how to lay out"):
+        ropekit.hf.pack(model, [{k: v[:1] if k in ("input_ids", "attention_mask") else v for k, v in s.items()}
+                                for s in samples])
+    restore(model)
+
+
+def test_minicpmv4_6_tokens_hold_the_patches_of_their_grid_cell():
+    """One-hot patch markers through the model's own window merger (its attention and MLP outputs zeroed, so each
+    feature is the mean of its window) and merger (its MLPs the identity, so each token lists its windows), on an
+    8 x 12 patch crop in 16x mode: token k holds the 4 x 4 patches at row k // 3, column k % 3 of the 2 x 3 grid
+    ropekit places."""
+    model = _seeded(_minicpmv4_6)
+    h, w = 8, 12
+    vcfg = T.MiniCPMV4_6VisionConfig(**dict(model.config.vision_config.to_dict(), hidden_size=h * w))
+    window = type(model.model.vision_tower.vit_merger)(vcfg)  # the tower's merger, one channel per patch
+    with torch.no_grad():
+        for linear in (window.self_attn.out_proj, window.linear_2):
+            linear.weight.zero_()
+            linear.bias.zero_()
+        sizes = torch.tensor([[h, w]])
+        windows = window(torch.eye(h * w)[None], sizes)  # (1, windows, patches)
+        merger = model.model.merger
+        merger.mlp = torch.nn.ModuleList([torch.nn.Identity()])  # the merger's reshaping alone
+        tokens = merger(windows, sizes // 2)[0]  # (tokens, 4 windows x patches)
+    got = [sorted(set((t.reshape(-1, h * w).sum(0) > 0).nonzero().flatten().tolist())) for t in tokens]
+    want = [sorted(r * w + c for r in range(4 * i, 4 * i + 4) for c in range(4 * j, 4 * j + 4))
+            for i in range(2) for j in range(3)]
+    assert got == want
+
+
+def test_minicpmv4_6_video_frames_and_4x_mode():
+    """A video as the processor writes it (per frame ``<image>`` its tokens ``</image>``), beside a picture,
+    under a per-call ``downsample_mode="4x"`` (2 x 2 patches per token): ``vanilla`` gives the stock logits, and a
+    design places each frame as a one-frame block of its grid, each crop as its image grid."""
+    model = _seeded(_minicpmv4_6)
+    g = torch.Generator().manual_seed(3)
+    frame = [IS] + [VID] * 6 + [IE]  # a 2 x 3 token frame (4 x 6 patches in 4x mode)
+    pic, pic_lay, _ = _picture(((2, 2), 0, 0, (0, 0)))
+    ids = torch.tensor([[5, 6] + pic + [40] + frame + frame + [7, 8]])
+    pixels, sizes = _packed_pixels([(2, 2)], g, factor=2)
+    video, vsizes = _packed_pixels([(2, 3), (2, 3)], g, factor=2)
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels, target_sizes=sizes,
+                  pixel_values_videos=video, target_sizes_videos=vsizes, downsample_mode="4x")
+    stock = _logits(model, inputs)
+    patch_model(model, "vanilla")
+    assert torch.equal(_logits(model, inputs), stock)
+    patch_model(model, "circle")
+    _logits(model, inputs)
+    vframe = [Text(1), Video(1, 2, 3), Text(1)]
+    layout = Layout([Text(2), *pic_lay, Text(1), *vframe, *vframe, Text(2)])
+    want = reference_positions(inputs, [layout], "circle")
+    for pos in last_positions(model).values():
+        assert torch.equal(pos, want)
+    restore(model)
+
+
+def test_minicpmv4_6_crops_need_their_target_sizes():
+    """The encoded features carry each crop's token count, not its shape (2 x 3 and 3 x 2 fill the same count):
+    pictures without ``target_sizes`` are refused, as are crops that are no whole number of merged windows."""
+    model = _seeded(_minicpmv4_6)
+    inputs, _ = base.make_batch("minicpmv4_6")
+    patch_model(model, "circle")
+    with pytest.raises(ValueError, match="without `target_sizes`"):
+        model(**{k: v for k, v in inputs.items() if k != "target_sizes"})
+    odd = inputs["target_sizes"].clone()
+    odd[0] = torch.tensor([6, 16])  # 96 patches, as 8 x 12, but 6 rows are no whole number of 4-patch windows
+    with pytest.raises(ValueError, match="crop 0 has 6 x 16 patches"):
+        model(**dict(inputs, target_sizes=odd))
+    restore(model)
+    assert not is_patched(model)
