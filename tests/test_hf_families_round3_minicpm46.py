@@ -30,9 +30,11 @@ ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "
         "mrope_interleaved": True}
 
 
-def _minicpmv4_6(layers=("full_attention", "full_attention"), **kw):
+def _minicpmv4_6(layers=("full_attention", "full_attention"), downsample_mode="4x", **kw):
     """A tiny MiniCPM-V 4.6: two full-attention Qwen3.5 layers for the matrix (the checkpoints interleave
-    linear-attention layers, which take no positions: ``layers`` builds them, slower on CPU)."""
+    linear-attention layers, which take no positions: ``layers`` builds them, slower on CPU), in ``"4x"`` mode (the
+    tower's window merger, which ``"16x"`` adds, runs one attention call per 2 x 2 window on CPU: slow; it is
+    checked on its own below)."""
     cls = getattr(T, "MiniCPMV4_6ForConditionalGeneration", None)
     if cls is None:
         pytest.skip(f"transformers {T.__version__} has no MiniCPMV4_6ForConditionalGeneration")
@@ -42,7 +44,7 @@ def _minicpmv4_6(layers=("full_attention", "full_attention"), **kw):
                          linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8),
         vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
                            image_size=16, patch_size=2),
-        image_token_id=IMG, video_token_id=VID, insert_layer_id=0, **kw))
+        image_token_id=IMG, video_token_id=VID, insert_layer_id=0, downsample_mode=downsample_mode, **kw))
 
 
 def _picture(spec, token=IMG):
@@ -60,7 +62,7 @@ def _picture(spec, token=IMG):
     return ids, lay, grids
 
 
-def _packed_pixels(grids, g, factor=4):
+def _packed_pixels(grids, g, factor=2):
     """NaViT-packed pixels of crops of ``grids`` tokens (``factor`` patches per token side, 2 x 2 pixel patches)
     and their target sizes in patches."""
     sizes = torch.tensor([[factor * h, factor * w] for h, w in grids])
@@ -72,20 +74,9 @@ def _pixels(images, per_sample, g):
     return {"pixel_values": pixels, "target_sizes": sizes}
 
 
-def _mixed_crop_sizes():
-    """Whether the installed release's window merger takes crops of different sizes in one call (5.18's reshapes
-    every crop to the size of the first, so a batch there holds crops of one size)."""
-    try:
-        from transformers.models.minicpmv4_6 import modeling_minicpmv4_6 as M
-    except ImportError:
-        return False
-    return not hasattr(M, "get_vision_merged_shape")
-
-
-_A, _B = ((2, 3), (3, 2)) if _mixed_crop_sizes() else ((2, 2), (2, 2))
 MINICPM46 = {
-    "minicpmv4_6": Family(_minicpmv4_6, _picture, [[("T", 2), ("I", (_A, 1, 2, (2, 2))), ("T", 2)],
-                                                   [("T", 3), ("I", (_B, 0, 0, (0, 0))), ("T", 1),
+    "minicpmv4_6": Family(_minicpmv4_6, _picture, [[("T", 2), ("I", ((2, 3), 1, 2, (2, 2))), ("T", 2)],
+                                                   [("T", 3), ("I", ((3, 2), 0, 0, (0, 0))), ("T", 1),
                                                     ("I", ((2, 2), 0, 0, (0, 0))), ("T", 1)]],
                           pixels=_pixels),
 }
@@ -166,19 +157,21 @@ def test_minicpmv4_6_tokens_hold_the_patches_of_their_grid_cell():
     assert got == want
 
 
-def test_minicpmv4_6_video_frames_and_4x_mode():
+def test_minicpmv4_6_video_frames_and_16x_mode():
     """A video as the processor writes it (per frame ``<image>`` its tokens ``</image>``), beside a picture,
-    under a per-call ``downsample_mode="4x"`` (2 x 2 patches per token): ``vanilla`` gives the stock logits, and a
-    design places each frame as a one-frame block of its grid, each crop as its image grid."""
+    under a per-call ``downsample_mode="16x"`` (the window merger on: 4 x 4 patches per token): ``vanilla`` gives the
+    stock logits, and a design places each frame as a one-frame block of its grid, each crop as its image grid.
+    (transformers 5.18's window merger takes crops of one size per call: the picture and the frames are encoded
+    apart, each of one size.)"""
     model = _seeded(_minicpmv4_6)
     g = torch.Generator().manual_seed(3)
-    frame = [IS] + [VID] * 6 + [IE]  # a 2 x 3 token frame (4 x 6 patches in 4x mode)
+    frame = [IS] + [VID] * 6 + [IE]  # a 2 x 3 token frame (8 x 12 patches in 16x mode)
     pic, pic_lay, _ = _picture(((2, 2), 0, 0, (0, 0)))
     ids = torch.tensor([[5, 6] + pic + [40] + frame + frame + [7, 8]])
-    pixels, sizes = _packed_pixels([(2, 2)], g, factor=2)
-    video, vsizes = _packed_pixels([(2, 3), (2, 3)], g, factor=2)
+    pixels, sizes = _packed_pixels([(2, 2)], g, factor=4)
+    video, vsizes = _packed_pixels([(2, 3), (2, 3)], g, factor=4)
     inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels, target_sizes=sizes,
-                  pixel_values_videos=video, target_sizes_videos=vsizes, downsample_mode="4x")
+                  pixel_values_videos=video, target_sizes_videos=vsizes, downsample_mode="16x")
     stock = _logits(model, inputs)
     patch_model(model, "vanilla")
     assert torch.equal(_logits(model, inputs), stock)
@@ -201,8 +194,8 @@ def test_minicpmv4_6_crops_need_their_target_sizes():
     with pytest.raises(ValueError, match="without `target_sizes`"):
         model(**{k: v for k, v in inputs.items() if k != "target_sizes"})
     odd = inputs["target_sizes"].clone()
-    odd[0] = torch.tensor([6, 16])  # 96 patches, as 8 x 12, but 6 rows are no whole number of 4-patch windows
-    with pytest.raises(ValueError, match="crop 0 has 6 x 16 patches"):
+    odd[0] = torch.tensor([3, 8])  # 24 patches, as 4 x 6, but 3 rows are no whole number of 2-patch windows
+    with pytest.raises(ValueError, match="crop 0 has 3 x 8 patches"):
         model(**dict(inputs, target_sizes=odd))
     restore(model)
     assert not is_patched(model)
