@@ -1,6 +1,7 @@
 """A saved patched model loads as itself, in fresh interpreters: patched through transformers' Auto classes once
 ropekit is imported (before or after transformers), refused by name where ropekit is not imported, never the stock
 model by accident; the stock model only on purpose. Reference: the logits of the model that was saved."""
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,10 @@ def saved(tmp_path_factory):
         patched = model(**inputs).logits
     assert (patched - stock).abs().max() > 1e-4  # the check below can tell them apart
     model.save_pretrained(tmp / "model")
+    saved_config = json.loads((tmp / "model" / "config.json").read_text())
+    # the class names a serving engine dispatches on are ropekit's, so an engine without ropekit's plugin finds no
+    # class for them instead of serving the family's stock positions (vLLM: tests_vllm/test_vllm_plugin.py)
+    assert saved_config["architectures"] == ["RopekitQwen2VLForConditionalGeneration"]
     torch.save({"inputs": inputs, "patched": patched, "stock": stock, "layers": layer_designs(model)},
                tmp / "expected.pt")
     return tmp
@@ -83,6 +88,7 @@ assert isinstance(model, transformers.Qwen2VLForConditionalGeneration)
 assert ropekit.hf.layer_designs(model) == expected()["layers"]
 torch.testing.assert_close(logits(model), expected()["patched"], rtol=1e-6, atol=1e-6)
 assert model.config.model_type == "qwen2_vl"
+assert model.config.architectures == ["RopekitQwen2VLForConditionalGeneration"]  # what a server reads stays ropekit's
 print("ok")
 """, saved)
     assert out.strip().endswith("ok")
@@ -113,6 +119,7 @@ else:
     raise AssertionError("the family class built a model")
 stock = ropekit.hf.load_stock("model").eval()
 assert not ropekit.hf.is_patched(stock) and type(stock) is transformers.Qwen2VLForConditionalGeneration
+assert stock.config.architectures == ["Qwen2VLForConditionalGeneration"]
 torch.testing.assert_close(logits(stock), expected()["stock"], rtol=1e-6, atol=1e-6)
 print("ok")
 """, saved)

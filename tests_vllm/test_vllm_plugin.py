@@ -32,6 +32,14 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
                  "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                  "Qwen2_5OmniForConditionalGeneration"):
         assert ModelRegistry.models[arch].module_name == "ropekit.serve.vllm.models", arch
+        # ropekit saves checkpoints under the prefixed name: the plugin registers it ...
+        assert ModelRegistry.models["Ropekit" + arch].module_name == "ropekit.serve.vllm.models", arch
+    # ... and vLLM alone does not know it, so without the plugin (ropekit installed or not, its config form read or
+    # not) vLLM refuses a ropekit checkpoint instead of serving it with the family's stock positions
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    assert "Qwen2VLForConditionalGeneration" in _VLLM_MODELS
+    assert not [name for name in _VLLM_MODELS if name.startswith("Ropekit")]
 
 
 def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():

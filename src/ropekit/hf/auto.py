@@ -5,7 +5,10 @@
 - ``model_type`` is ``"ropekit"`` (the family's own type is kept in the ``ropekit`` record), so transformers
   without ropekit refuses the checkpoint by name ("model type `ropekit` … does not recognize this architecture");
 - every ``rope_type`` of the config's rope parameters is ``"ropekit"`` (the originals are kept in the record), so
-  even the family's own class cannot build the stock model from it: its rotary has no ``"ropekit"`` initialiser.
+  even the family's own class cannot build the stock model from it: its rotary has no ``"ropekit"`` initialiser;
+- every name in ``architectures`` begins with ``Ropekit`` (``RopekitQwen2VLForConditionalGeneration``), and stays so
+  when ropekit reads the config back: a serving engine that picks its model class by that name (vLLM) refuses the
+  checkpoint unless ropekit's plugin registered the name, even where ropekit is installed and its config form read.
 
 With ropekit imported (before or after transformers), ``AutoConfig`` knows the ``"ropekit"`` type: it restores the
 family's config, and ``AutoModel``, ``AutoModelForImageTextToText``, ``AutoModelForCausalLM`` (and ``pipeline``,
@@ -25,6 +28,9 @@ import sys
 from typing import Any, Optional
 
 SAVED_TYPE = "ropekit"
+#: what a saved checkpoint's ``architectures`` begin with: a serving engine that chooses its model class by this name
+#: (vLLM) finds none unless ropekit's plugin registered it, so it cannot serve the checkpoint with stock positions
+ARCH_PREFIX = "Ropekit"
 _AUTO_CLASSES = ("AutoModel", "AutoModelForImageTextToText", "AutoModelForCausalLM", "AutoModelForMultimodalLM")
 _CLASSES: dict[str, type] = {}
 
@@ -64,8 +70,8 @@ def saved_form(d: dict) -> dict:
         rec["rope_types"][".".join(path)] = rope["rope_type"]
         rope["rope_type"] = SAVED_TYPE
     d["model_type"] = SAVED_TYPE
-    if isinstance(d.get("architectures"), list):
-        d["architectures"] = [a[len("Ropekit"):] if a.startswith("Ropekit") else a for a in d["architectures"]]
+    if isinstance(d.get("architectures"), list):  # engines that pick a class by name refuse it unless they know ropekit
+        d["architectures"] = [a if a.startswith(ARCH_PREFIX) else ARCH_PREFIX + a for a in d["architectures"]]
     return d
 
 
@@ -92,6 +98,8 @@ def restored_form(d: dict, *, keep_record: bool = True) -> dict:
             rope["rope_type"] = types[key]
     if not keep_record:
         d.pop("ropekit")
+        if isinstance(d.get("architectures"), list):
+            d["architectures"] = [a[len(ARCH_PREFIX):] if a.startswith(ARCH_PREFIX) else a for a in d["architectures"]]
     return d
 
 
@@ -298,6 +306,8 @@ def load_stock(path: str, model_class: Any = "AutoModelForImageTextToText", **kw
     config = _family_config(path, {k: kwargs[k] for k in _HUB if k in kwargs})
     persist.erase(config)
     unmark(config)
+    if isinstance(getattr(config, "architectures", None), list):  # the stock model's own class names
+        config.architectures = [a[len(ARCH_PREFIX):] if a.startswith(ARCH_PREFIX) else a for a in config.architectures]
     cls = getattr(transformers, model_class) if isinstance(model_class, str) else model_class
     return cls.from_pretrained(path, config=config, **kwargs)
 

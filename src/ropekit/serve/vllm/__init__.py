@@ -56,5 +56,10 @@ def register() -> None:
 
     from ... import hf  # noqa: F401  (AutoConfig reads model_type "ropekit": the family's config with the record)
 
+    from ...hf.auto import ARCH_PREFIX
+
     for arch in list(SERVED) + guarded_architectures():
-        ModelRegistry.register_model(arch, f"ropekit.serve.vllm.models:{arch}")
+        # a checkpoint saved by ropekit names its class with the prefix (which vLLM alone does not know: without this
+        # plugin it refuses the checkpoint); a stock checkpoint of the family keeps vLLM's own model (models.py)
+        for name in (arch, ARCH_PREFIX + arch):
+            ModelRegistry.register_model(name, f"ropekit.serve.vllm.models:{name}")

@@ -369,7 +369,12 @@ def __getattr__(name: str) -> type:
     if name not in _BUILT:
         from vllm.model_executor.models.registry import _VLLM_MODELS
 
-        if name not in _VLLM_MODELS:
+        from ...hf.auto import ARCH_PREFIX
+
+        arch = name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name  # saved checkpoints: the prefix
+        if arch not in _VLLM_MODELS:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        _BUILT[name] = _served_class(name) if name in SERVED else _refusing_class(name)
+        cls = _served_class(arch) if arch in SERVED else _refusing_class(arch)
+        cls.__name__ = cls.__qualname__ = name
+        _BUILT[name] = cls
     return _BUILT[name]
