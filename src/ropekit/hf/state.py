@@ -400,23 +400,8 @@ def _place_interleaved(state: _State, prompt: _Prompt, extra: int) -> dict[str, 
     """:func:`_place` for a prompt holding videos with their audio interleaved (audio tokens typed 4): one
     :func:`ropekit.positions` call per sample layout (``rope_index`` takes no audio type)."""
     layouts = _interleaved_layouts(state, prompt, extra)
-    batch, length = prompt.types.shape
-    valid = torch.ones(batch, length, dtype=torch.bool) if prompt.mask is None else prompt.mask != 0
-    valid = torch.cat([valid, torch.ones(batch, extra, dtype=torch.bool)], dim=1)
-    out = {}
-    for name, geo in state.geometries.items():
-        placed = []
-        for lay in layouts:
-            try:
-                placed.append(None if lay is None else positions(lay, geo.design, **geo.options))
-            except ValueError as e:
-                raise ValueError(f"patched model (design {name!r}): {e}") from None
-        axes = next((p.shape[1] for p in placed if p is not None), geo.W.shape[0])
-        pos = torch.zeros(batch, length + extra, axes, dtype=torch.float32)
-        for b, p in enumerate(placed):
-            if p is not None:
-                pos[b, valid[b]] = p
-        out[name] = pos.permute(2, 0, 1).contiguous()
+    out, valid = _place_layouts(state, prompt, extra, [(lay, {}) for lay in layouts])
+    for name in out:
         if state.origin:
             out[name] = out[name] + state.origin
         out[name] = _padding_shift(state, out[name], None if prompt.mask is None else valid.long())
@@ -491,7 +476,14 @@ def _place_canvas(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch
     """:func:`_place` for a family with markers: one :func:`ropekit.positions` call per sample layout (its crops
     and text, markers included as text); ``canvas-mrope`` also reads the markers and slices
     (:func:`_canvas_layouts`), the family's own position code."""
-    layouts = _canvas_layouts(state, prompt, extra)
+    return _place_layouts(state, prompt, extra, _canvas_layouts(state, prompt, extra))[0]
+
+
+def _place_layouts(state: _State, prompt: _Prompt, extra: int,
+                   layouts: list) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each geometry's ``(A, B, L + extra)`` positions from one :func:`ropekit.positions` call per sample:
+    ``layouts`` holds ``(layout or None, canvas options)`` per sample (the options go to ``canvas-mrope`` only), a
+    sample's positions fill its unmasked tokens; also returns that ``(B, L + extra)`` mask."""
     batch, length = prompt.types.shape
     valid = torch.ones(batch, length, dtype=torch.bool) if prompt.mask is None else prompt.mask != 0
     valid = torch.cat([valid, torch.ones(batch, extra, dtype=torch.bool)], dim=1)
@@ -510,7 +502,7 @@ def _place_canvas(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch
             if p is not None:
                 pos[b, valid[b]] = p
         out[name] = pos.permute(2, 0, 1).contiguous()
-    return out
+    return out, valid
 
 
 def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor]) -> _Prompt:
