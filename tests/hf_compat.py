@@ -6,7 +6,11 @@ release has, so the same checks run at the oldest supported release and the newe
 check every family runs lives here once too, built on them, with the two model helpers every family's
 fixtures share (a tiny random model set up to generate; a model restored after a test).
 """
-from ropekit.hf import is_patched, unpatch_model
+import re
+
+import pytest
+
+from ropekit.hf import is_patched, patch_model, supported_models, unpatch_model
 
 
 def ready_to_generate(model, pad: int, suppress):
@@ -81,3 +85,15 @@ def assert_checkpointing_keeps_gradients(model, inputs, labels, text_model, use_
     assert plain.keys() == ckpt.keys() and any(".self_attn." in n for n in plain)
     for name in plain:
         torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-6, atol=1e-7)
+
+
+def assert_refused_by_name(model, name: str, design: str = "vanilla", **options) -> None:
+    """``patch_model`` refuses ``model`` (a family ropekit refuses) and its bare model by ``model_type``, giving the
+    reason, the supported families and docs/hf.md, and leaves no hook behind."""
+    assert name not in supported_models()
+    for target in (model, model.model):
+        with pytest.raises(ValueError, match=rf"model type '{re.escape(name)}' .* is refused: .*supported: ") as err:
+            patch_model(target, design, **options)
+        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
+        assert not is_patched(target)
+    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())

@@ -16,7 +16,7 @@ import torch
 import transformers as T
 
 import test_hf_families_1d as base
-from hf_compat import restore
+from hf_compat import assert_refused_by_name, restore
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model, supported_models
 from test_hf_llava import reference_positions
@@ -469,14 +469,7 @@ REFUSED = {"idefics2": _idefics2}
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_refused_families_say_why_and_list_the_supported_ones(name):
-    model = _seeded(REFUSED[name])
-    assert name not in supported_models()
-    for target in (model, model.model):
-        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
-            patch_model(target, "vanilla")
-        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
-        assert not is_patched(target)
-    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+    assert_refused_by_name(_seeded(REFUSED[name]), name)
 
 
 def test_idefics2_image_tokens_are_resampler_latents_with_no_grid_cell():

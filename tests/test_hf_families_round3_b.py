@@ -12,7 +12,7 @@ import torch
 import transformers as T
 
 import test_hf_families_1d as base
-from hf_compat import ready_to_generate, restore
+from hf_compat import assert_refused_by_name, ready_to_generate, restore
 from ropekit import Image, Text, Video
 from ropekit.hf import is_patched, patch_model, supported_models
 from test_hf_families_1d import IMG, PAD, TEXT, VISION, S, Family, _internvl_image, _row_major, _seeded, _windows
@@ -233,14 +233,7 @@ REFUSED = {"aria": _aria, "mistral_large4": _mistral_large4}
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_refused_families_say_why_and_list_the_supported_ones(name):
-    model = _seeded(REFUSED[name])
-    assert name not in supported_models()
-    for target in (model, model.model):
-        with pytest.raises(ValueError, match=rf"model type '{name}' .* is refused: .*supported: ") as err:
-            patch_model(target, "vanilla")
-        assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
-        assert not is_patched(target)
-    assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+    assert_refused_by_name(_seeded(REFUSED[name]), name)
 
 
 def test_aria_image_tokens_are_learned_queries_with_no_grid_cell():
