@@ -233,12 +233,21 @@ def _seeded(build):
     return ready_to_generate(build(), PAD, [IMG])
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def fam(request):
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(FAMILIES[request.param].build)
-    yield request.param, model
-    restore(model)
+def family_fixture(table: dict, prepare: Callable = lambda family: _seeded(family.build)):
+    """The ``fam`` fixture over the families of ``table``: (family name, a stock model from ``prepare(family)``,
+    which may skip), unpatched after every test. Modules running the shared matrix on families of their own set
+    ``fam = family_fixture(THEIRS)`` and import :func:`_unpatched_after`."""
+
+    @pytest.fixture(scope="module", params=list(table))
+    def fam(request):
+        model = prepare(table[request.param])
+        yield request.param, model
+        restore(model)
+
+    return fam
+
+
+fam = family_fixture(FAMILIES)
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ from hf_compat import assert_refused_by_name, restore
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model, supported_models
 from test_hf_llava import reference_positions
+from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
     IMG, TEXT, VISION, Family, S, _layer_masks, _logits, _row_major, _seeded, _windows,
     test_cached_generation_equals_a_teacher_forced_forward,
@@ -269,22 +270,16 @@ base.UNPACKED.add("llama4")  # chunked attention: transformers cuts a packed row
 base.UNPACKED.add("lfm2_vl")  # its convolution layers mix tokens across the samples of a packed row
 
 
-@pytest.fixture(scope="module", params=list(ROUND3))
-def fam(request):
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(ROUND3[request.param].build)
+def _working_stock(family: Family):
+    """A family's stock model, skipping where this transformers' own stock forward fails (the reason named)."""
+    model = _seeded(family.build)
     broken = _stock_forward_fails(model)
     if broken:
         pytest.skip(broken)
-    yield request.param, model
-    restore(model)
+    return model
 
 
-@pytest.fixture(autouse=True)
-def _unpatched_after(request):
-    yield
-    if "fam" in request.fixturenames:
-        restore(request.getfixturevalue("fam")[1])
+fam = family_fixture(ROUND3, _working_stock)
 
 
 #: families whose stock model, saved with save_pretrained, does not load back with from_pretrained in some

@@ -16,6 +16,7 @@ from hf_compat import assert_refused_by_name, ready_to_generate, restore
 from ropekit import Image, Text, Video
 from ropekit.hf import is_patched, patch_model, supported_models
 from test_hf_families_1d import IMG, PAD, TEXT, VISION, S, Family, _internvl_image, _row_major, _seeded, _windows
+from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's families)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
     test_every_design_places_its_positions, test_packed_rows_equal_per_sample_runs,
@@ -155,19 +156,7 @@ base.FAMILIES.update(ROUND3)  # the shared tests read the families from that tab
 base.UNPACKED.add("minimax_m3_vl")  # its sparse layers pick key blocks by cache slot: packing is refused
 
 
-@pytest.fixture(scope="module", params=list(ROUND3))
-def fam(request):
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = ready_to_generate(_seeded(ROUND3[request.param].build), PAD, [IMG, VID])
-    yield request.param, model
-    restore(model)
-
-
-@pytest.fixture(autouse=True)
-def _unpatched_after(request):
-    yield
-    if "fam" in request.fixturenames:
-        restore(request.getfixturevalue("fam")[1])
+fam = family_fixture(ROUND3, lambda family: ready_to_generate(_seeded(family.build), PAD, [IMG, VID]))
 
 
 def test_supported_models_lists_the_families():

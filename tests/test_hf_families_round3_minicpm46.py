@@ -18,6 +18,7 @@ import test_hf_families_1d as base
 from hf_compat import restore
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model
+from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's family)
     IMG, TEXT, Family, _logits, _seeded,
     test_cached_generation_equals_a_teacher_forced_forward,
@@ -83,19 +84,7 @@ MINICPM46 = {
 base.FAMILIES.update(MINICPM46)  # the shared tests read the families from that table
 
 
-@pytest.fixture(scope="module", params=list(MINICPM46))
-def fam(request):
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(MINICPM46[request.param].build)
-    yield request.param, model
-    restore(model)
-
-
-@pytest.fixture(autouse=True)
-def _unpatched_after(request):
-    yield
-    if "fam" in request.fixturenames:
-        restore(request.getfixturevalue("fam")[1])
+fam = family_fixture(MINICPM46)
 
 
 # ---------------------------------------------------------------------------------------------------------------

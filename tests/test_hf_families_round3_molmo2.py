@@ -17,6 +17,7 @@ from hf_compat import restore
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import last_positions, patch_model
 from test_hf_llava import reference_positions
+from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's family)
     IMG, TEXT, Family, _logits, _seeded, expected, make_batch,
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
@@ -72,19 +73,7 @@ base.FAMILIES["molmo2"] = MOLMO2  # the shared tests read the families from that
 base.UNPACKED.add("molmo2")  # its forward builds the two-way image masks
 
 
-@pytest.fixture(scope="module")
-def fam():
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(_molmo2)
-    yield "molmo2", model
-    restore(model)
-
-
-@pytest.fixture(autouse=True)
-def _unpatched_after(request):
-    yield
-    if "fam" in request.fixturenames:
-        restore(request.getfixturevalue("fam")[1])
+fam = family_fixture({"molmo2": MOLMO2})
 
 
 def test_both_rotaries_turn_the_designs_positions(fam):

@@ -16,6 +16,7 @@ from hf_compat import ready_to_generate, restore
 from ropekit import Image, Text
 from ropekit.hf import is_patched, last_positions, patch_model, position_ids, supported_models
 from test_hf_families_1d import IMG, PAD, DESIGNS, Family, _logits, _seeded, expected, make_batch
+from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's family)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
     test_packed_rows_equal_per_sample_runs, test_save_pretrained_and_reload_restore_the_patch,
@@ -62,19 +63,7 @@ FAMILY = {"step3p7": Family(_step3p7, _step3p7_image,
 base.FAMILIES.update(FAMILY)  # the shared tests read the families from that table
 
 
-@pytest.fixture(scope="module", params=list(FAMILY))
-def fam(request):
-    """(family name, a stock model); the model is unpatched after every test."""
-    model = _seeded(FAMILY[request.param].build)
-    yield request.param, model
-    restore(model)
-
-
-@pytest.fixture(autouse=True)
-def _unpatched_after(request):
-    yield
-    if "fam" in request.fixturenames:
-        restore(request.getfixturevalue("fam")[1])
+fam = family_fixture(FAMILY)
 
 
 def test_supported_models_lists_the_family():
