@@ -6,7 +6,8 @@ The matrix is tests/test_hf_families_1d.py's, run on this family: its tests are 
 ``fam`` fixture, with the family added to its table. References: the stock transformers model with the same weights
 (``vanilla`` gives its logits and ``generate`` output bit for bit), each design's ``ropekit.positions`` on the layout
 the model sees, the model's own window merger and merger (which patches each image token holds), one teacher-forced
-forward (cached generation), per-sample runs (packing), save and reload.
+forward (cached generation), per-sample runs (packing, with the samples' NaViT-packed pixels joined), save and
+reload.
 """
 import pytest
 import torch
@@ -93,7 +94,8 @@ fam = family_fixture(MINICPM46)
 
 def test_minicpmv4_6_with_linear_attention_layers_is_the_stock_model():
     """As the checkpoints are built (layer 0 a linear-attention layer, without rotary; layer 1 full attention on
-    half of each head): ``vanilla`` gives the stock logits and ``generate`` output bit for bit."""
+    half of each head): ``vanilla`` gives the stock logits and ``generate`` output bit for bit. Packed rows are
+    refused there, naming the layer type (its recurrent state would run on from one sample into the next)."""
     model = _seeded(lambda: _minicpmv4_6(layers=("linear_attention", "full_attention")))
     inputs, _ = base.make_batch("minicpmv4_6")
     keep = inputs["attention_mask"].bool()
@@ -107,18 +109,66 @@ def test_minicpmv4_6_with_linear_attention_layers_is_the_stock_model():
         got = model.generate(**inputs, **kw)
     assert torch.equal(got.sequences, gref.sequences)
     assert all(torch.equal(a, b) for a, b in zip(got.logits, gref.logits))
+    with pytest.raises(ValueError, match=r"packed rows are not supported with attention layer types "
+                                         r"\['linear_attention'\]"):
+        _logits(model, ropekit.hf.pack(model, base._one_sample_batches("minicpmv4_6")))
     restore(model)
 
 
-def test_minicpmv4_6_packing_is_refused_by_name():
-    """``ropekit.hf.pack`` does not lay out this family's vision inputs (all crops' pixels are one NaViT-packed row,
-    sized by ``target_sizes``): it refuses them by name rather than stacking them per sample."""
+def _video_sample(g):
+    """One sample with a two-frame video (each frame ``<image>`` a 2 x 3 token grid ``</image>``) between text, as
+    the processor gives it alone: the frames' pixels one NaViT-packed row, one size row per frame."""
+    frame = [IS] + [VID] * 6 + [IE]
+    ids = torch.tensor([[5, 6] + frame + frame + [7]])
+    video, sizes = _packed_pixels([(2, 3), (2, 3)], g)
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=video,
+                target_sizes_videos=sizes)
+
+
+def _runs_alone(model, samples):
+    """Each sample's logits run alone, and its summed next-token loss."""
+    logits, losses = [], []
+    with torch.no_grad():
+        for s in samples:
+            out = model(**s).logits[0]
+            logits.append(out)
+            losses.append(torch.nn.functional.cross_entropy(out[:-1], s["input_ids"][0, 1:], reduction="sum"))
+    return torch.cat(logits), torch.stack(losses).sum()
+
+
+@pytest.mark.parametrize("patch", [dict(design="vanilla"), dict(design=("circle", "mrope"), age="alternate")],
+                         ids=["stock-equivalent", "circle-mrope-age"])
+def test_minicpmv4_6_packed_rows_equal_per_sample_runs(patch):
+    """Samples packed into one padding-free row (``PackingCollator``): a picture with slices, two pictures, a video,
+    each as the processor gives it alone (its crops one NaViT-packed pixel row). The packed row joins the pixel rows
+    along the patches and the size rows in sample order, as the processor lays out a batch; each sample's logits and
+    the loss equal its own run: the stock model's for ``vanilla``, the patched model's for an AGE patch."""
+    model = _seeded(_minicpmv4_6)
+    samples = base._one_sample_batches("minicpmv4_6") + [_video_sample(torch.Generator().manual_seed(5))]
+    stock = _runs_alone(model, samples)
+    patch_model(model, **patch)
+    want, want_loss = stock if patch["design"] == "vanilla" else _runs_alone(model, samples)
+    row = ropekit.hf.PackingCollator(model)(samples)
+    assert row["pixel_values"].shape[:3] == (1, 3, 2) and row["target_sizes"].shape == (5, 2)
+    with torch.no_grad():
+        out = model(**row)
+    torch.testing.assert_close(out.logits[0], want, rtol=1e-5, atol=1e-5)
+    tokens = sum(s["input_ids"].shape[1] - 1 for s in samples)  # every sample's first token predicts nothing
+    torch.testing.assert_close(out.loss, want_loss / tokens, rtol=1e-5, atol=1e-6)
+    restore(model)
+
+
+def test_minicpmv4_6_pack_refuses_what_it_cannot_join():
+    """Pixels that are not one NaViT-packed row per sample, and samples that ask for different merges
+    (``downsample_mode``, which changes every crop's token grid), are refused by name."""
     model = _seeded(_minicpmv4_6)
     patch_model(model, "vanilla")
-    samples = [base.make_batch("minicpmv4_6", seed=i)[0] for i in range(2)]
-    with pytest.raises(ValueError, match=r"holds \['target_sizes'\], which pack does not know how to lay out"):
-        ropekit.hf.pack(model, [{k: v[:1] if k in ("input_ids", "attention_mask") else v for k, v in s.items()}
-                                for s in samples])
+    samples = base._one_sample_batches("minicpmv4_6")
+    two_rows = dict(samples[0], pixel_values=samples[0]["pixel_values"].expand(2, -1, -1, -1))
+    with pytest.raises(ValueError, match="`pixel_values` have shapes"):
+        ropekit.hf.pack(model, [two_rows, samples[1]])
+    with pytest.raises(ValueError, match="disagree on `downsample_mode`"):
+        ropekit.hf.pack(model, [dict(samples[0], downsample_mode="4x"), samples[1]])
     restore(model)
 
 

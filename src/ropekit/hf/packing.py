@@ -4,7 +4,9 @@
 the position tensor's text row restarts at 0 for each sample, which is what transformers reads sample boundaries
 off (a block-diagonal mask for ``sdpa`` and ``eager``, variable-length attention for flash attention), and every
 geometry row holds the sample's own positions. Images, videos and their grids follow in sample order, as the
-model fills its image tokens. :class:`PackingCollator` is the same as a data collator for ``Trainer``.
+model fills its image tokens: stacked along their first dimension, or, for a family whose processor lays every crop
+of a batch out as one NaViT-packed row (MiniCPM-V 4.6), joined along their last (the adapter's ``pack_layout``).
+:class:`PackingCollator` is the same as a data collator for ``Trainer``.
 """
 from __future__ import annotations
 
@@ -62,9 +64,11 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
                          "stock-equivalent design packs the stock model's positions)")
     if isinstance(samples, Mapping) or not isinstance(samples, Sequence) or not samples:
         raise TypeError("pack: `samples` must be a non-empty list of per-sample processor outputs (dicts)")
-    known = set(_SEQUENCE) | set(_STACKED) | set(_SHARED) | {"attention_mask"}
+    layout = dict({k: "first" for k in _STACKED}, **_state(model).adapter.pack_layout)
+    family_shared = [k for k, how in layout.items() if how == "shared"]
+    known = set(_SEQUENCE) | set(layout) | set(_SHARED) | {"attention_mask"}
     seq: dict[str, list] = {k: [] for k in _SEQUENCE}
-    stacked: dict[str, list] = {k: [] for k in _STACKED}
+    stacked: dict[str, list] = {k: [] for k, how in layout.items() if how in ("first", "last")}
     shared: dict[str, Any] = {}
     rows, lengths = [], []
     for i, sample in enumerate(samples):
@@ -80,7 +84,13 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
         mask = sample.get("attention_mask")
         if mask is not None and not bool((_sequence(mask, "attention_mask", i) != 0).all()):
             raise ValueError(f"pack: sample {i} has padding (zeros in attention_mask); give unpadded samples")
-        inputs = {k: _tensor(sample[k], k, i) for k in _STACKED if sample.get(k) is not None}
+        inputs = {k: _tensor(sample[k], k, i) for k in stacked if sample.get(k) is not None}
+        for k in family_shared:
+            if i and sample.get(k) != shared.get(k):
+                raise ValueError(f"pack: samples disagree on `{k}` ({shared.get(k)!r}, then {sample.get(k)!r} in "
+                                 f"sample {i}); pack samples with the same {k} together")
+            if sample.get(k) is not None:
+                shared[k] = sample[k]
         for k in _SHARED:
             if k in sample:
                 if k in shared and shared[k] != sample[k]:
@@ -110,7 +120,9 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
             raise ValueError("pack: some samples have mm_token_type_ids and others not; give them for every sample")
         out["mm_token_type_ids"] = torch.cat(seq["mm_token_type_ids"], dim=1)
     for k, parts in stacked.items():
-        if parts:
+        if parts and layout[k] == "last":
+            out[k] = torch.cat(_one_row(parts, k), dim=-1)
+        elif parts:
             out[k] = torch.cat(_same_tiles([p if p.ndim else p[None] for p in parts], k), dim=0)
     out.update(shared)
     if return_flash_attn_kwargs:
@@ -131,6 +143,17 @@ def _same_tiles(parts: list, name: str) -> list:
         return [torch.cat([p, p.new_zeros(1, most - p.shape[1], *p.shape[2:])], dim=1) for p in parts]
     raise ValueError(f"pack: the samples' `{name}` have shapes {sorted(shapes)} past the first dimension, which "
                      f"cannot be stacked; give every sample the same {name} shape")
+
+
+def _one_row(parts: list, name: str) -> list:
+    """Per-sample NaViT-packed rows ``(1, …, patches)``, checked to join along their last dimension (the model reads
+    the first row only, so a second one would be dropped)."""
+    shapes = {tuple(p.shape[:-1]) for p in parts}
+    if len(shapes) != 1 or next(iter(shapes))[:1] != (1,):
+        raise ValueError(f"pack: the samples' `{name}` have shapes {sorted(tuple(p.shape) for p in parts)}; this "
+                         f"family's processor gives each sample's crops as one row (1, …, patches), the crops "
+                         f"joined along the last dimension: give them as it does")
+    return parts
 
 
 class PackingCollator:

@@ -111,6 +111,12 @@ class Adapter:
     #: patched one returns integers where every position is whole, float32 otherwise
     integer_positions: bool = True
 
+    #: inputs :func:`ropekit.hf.pack` lays out for this family beyond (or otherwise than) the common ones, by name:
+    #: ``"last"`` joins the samples' along the last dimension (one NaViT-packed row ``(1, …, patches)``, MiniCPM-V
+    #: 4.6's pixels), ``"first"`` stacks them along the first (one row per crop), ``"shared"`` is one value every
+    #: sample gives alike (or none gives)
+    pack_layout: dict = {}
+
     #: every merged row of an image or video frame ends with one extra (newline) token, which the family's position
     #: code places as the grid's last column (HY-V4-VL)
     newline_column: bool = False

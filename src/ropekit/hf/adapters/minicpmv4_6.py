@@ -13,6 +13,12 @@ ropekit places every crop and frame as a block of its own grid; its stock-equiva
 The grids are read from ``target_sizes`` / ``target_sizes_videos`` (encoded features carry only token counts): a
 forward given images needs them.
 
+Packing: the processor lays a batch's crops out as one NaViT-packed row (``pixel_values`` ``(1, 3, p, patches)``,
+each crop's patches after the previous crop's, one ``target_sizes`` row per crop); the tower attends within each
+crop (``cu_seqlens`` from ``target_sizes``), merges within each window and crop, and the features fill the image
+tokens in crop order. Samples packed in one row therefore join their pixels along the last dimension and their
+size rows in sample order, which gives each crop the features it gets alone.
+
 Rotation: the Qwen3.5 text model rotates part of each head (``partial_rotary_factor``) with one table for its three
 M-RoPE axes (interleaved ``mrope_section``), which the stock model fills with the same 1-D index; a 3-axis design
 turns its axes in that interleaved layout. Its linear-attention layers take no positions.
@@ -33,6 +39,9 @@ class MiniCPMV4_6(Llava):
     name = "MiniCPM-V 4.6"
     native_allocation = "interleaved"  # Qwen3.5's rotary interleaves its mrope_section (3-axis designs follow it)
     forward_params = frozenset({"target_sizes", "target_sizes_videos", "downsample_mode"})
+    # the processor gives a batch's crops as one NaViT-packed row (the model reads row 0 only), one size row each
+    pack_layout = {"pixel_values": "last", "pixel_values_videos": "last", "target_sizes": "first",
+                   "target_sizes_videos": "first", "downsample_mode": "shared"}
 
     def check(self, inner: nn.Module) -> None:
         self.shrink(inner.config, None)
