@@ -5,8 +5,9 @@ and an unscaled rotary.
 The matrix is tests/test_hf_families_1d.py's, collected here on this module's ``fam`` fixture. References: the stock
 transformers model with the same weights (``vanilla`` gives its logits and ``generate`` output bit for bit; the stock
 model fed a 1-D design's positions gives that design's logits, through both rotaries), each design's
-``ropekit.positions`` on the layout the model sees, one teacher-forced forward (cached generation), gradient
-checkpointing, save and reload; packing is refused (the forward builds the two-way image masks).
+``ropekit.positions`` on the layout the model sees, one teacher-forced forward (cached generation, on image and on
+video prompts), gradient checkpointing, save and reload; packing is refused (the forward builds the two-way image
+masks).
 """
 import pytest
 import torch
@@ -15,8 +16,8 @@ import transformers as T
 import test_hf_families_1d as base
 from hf_compat import restore
 from ropekit import Image, Layout, Text, Video
-from ropekit.hf import last_positions, patch_model
-from test_hf_llava import reference_positions
+from ropekit.hf import last_positions, layer_designs, patch_model
+from test_hf_llava import pad_rows, reference_positions
 from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
 from test_hf_families_1d import (  # noqa: F401  (the shared matrix, collected on this module's family)
     IMG, TEXT, Family, _logits, _seeded, expected, make_batch,
@@ -136,3 +137,60 @@ def test_video_frames_are_blocks_of_their_own(fam):
     layout = Layout([Text(4), Video(1, 2, 2), Text(3), Video(1, 2, 2), Text(3)])
     want = reference_positions(inputs, [layout], "videorope")
     assert all(torch.equal(p, want) for p in last_positions(model).values())
+
+
+def _video_prompts():
+    """Two left-padded video prompts as the processor writes them (per frame a timestamp, <frame_start>, its rows,
+    <frame_end>): two 2 x 2 frames, and three 1 x 2 frames; each prompt's layout."""
+    g = torch.Generator().manual_seed(4)
+    rows, layouts = [], []
+    for frames, (h, w) in ((2, (2, 2)), (3, (1, 2))):
+        ids, lay = [5, 6], [Text(2)]
+        for f in range(frames):
+            ids += [30 + f, FRAME_START] + [IMG] * h * w + [FRAME_END]
+            lay += [Text(2), Video(1, h, w), Text(1)]
+        rows.append(ids + [7, 8])
+        layouts.append(Layout(lay + [Text(2)]))
+    ids, mask = pad_rows(rows, "left")
+    pooling = torch.arange(2 * 4 + 3 * 2)[:, None]  # each video token pools one patch of its own
+    return dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == IMG).long(),
+                pixel_values_videos=torch.randn(5, 4, 12, generator=g), video_token_pooling=pooling,
+                video_grids=torch.tensor([[2, 2, 2], [3, 1, 2]])), layouts
+
+
+def test_video_generate_is_the_stock_models_and_teacher_forced():
+    """Video prompts through ``generate``: under ``vanilla`` the stock model's tokens and logits bit for bit; under a
+    design, with and without AGE, every cached step's logits equal one teacher-forced forward over the prompt and the
+    generated tokens, whose positions are the design's on the prompt's layout followed by the generated text. (The
+    vision weights are drawn large enough that the frames change the generated tokens.)"""
+    model = _seeded(_molmo2)
+    inputs, layouts = _video_prompts()
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        for name, weight in model.model.named_parameters():
+            if not name.startswith("language_model") and weight.ndim == 2:
+                weight.normal_(0, 0.5)
+        blind = model.generate(**dict(inputs, pixel_values_videos=torch.zeros_like(inputs["pixel_values_videos"])),
+                               **kw)
+        gref = model.generate(**inputs, **kw)
+    assert not torch.equal(blind.sequences, gref.sequences)
+    with torch.no_grad():
+        patch_model(model, "vanilla")
+        got = model.generate(**inputs, **kw)
+    assert torch.equal(got.sequences, gref.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.logits, gref.logits))
+    for age in ("all", "alternate"):
+        patch_model(model, ("videorope", "vanilla"), age=age)
+        with torch.no_grad():
+            out = model.generate(**inputs, **kw)
+            full, n = base._full("molmo2", inputs, out.sequences)
+            logits = model(**full).logits
+        keep = full["attention_mask"].bool()
+        for layer, p in last_positions(model).items():
+            want = expected("molmo2", full, layouts, layer_designs(model)[layer], extra=n)
+            assert torch.equal(p[:, keep], want[:, keep])
+        start = inputs["input_ids"].shape[1] - 1
+        for k, step in enumerate(out.logits):
+            torch.testing.assert_close(step, logits[:, start + k], rtol=1e-5, atol=1e-5)
+    restore(model)
