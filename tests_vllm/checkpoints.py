@@ -13,26 +13,40 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<
 VOCAB = {w: i for i, w in enumerate(WORDS + SPECIAL)}
 EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
                                                     "<|image_pad|>", "<|video_pad|>"))
+# GLM-4V: its own markers, and digits for the timestamp after each video frame
+GLM_SPECIAL = ["<|endoftext|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>",
+               "<|end_of_video|>", "<|video|>", "<unk>"]
+GLM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(10)] + GLM_SPECIAL)}
 TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
 SECTIONS = [4, 6, 6]  # head_dim 32: 16 frequency pairs
 
 
-def _tokenizer():
+def _tokenizer(vocab=VOCAB, special=SPECIAL):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    unk_token="<unk>")
-    fast.add_special_tokens({"additional_special_tokens": SPECIAL[1:7]})
+    fast.add_special_tokens({"additional_special_tokens": special[1:-1]})
     return fast
 
 
 def _ids(family: str) -> dict:
+    if family.startswith("glm4v"):
+        names = ("image_token_id", "image_start_token_id", "image_end_token_id", "video_token_id",
+                 "video_start_token_id", "video_end_token_id")
+        tokens = ("<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>", "<|begin_of_video|>",
+                  "<|end_of_video|>")
+        return {n: GLM_VOCAB[t] for n, t in zip(names, tokens)}
     return dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+
+
+def eos(family: str) -> int:
+    return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm4v") else EOS
 
 
 def config(family: str):
@@ -59,12 +73,27 @@ def config(family: str):
                                spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
                                deepstack_visual_indexes=[0], num_position_embeddings=64),
             **_ids(family))
+    if family == "glm4v":
+        # half of the head rotates (8 pairs, chunked t 2 : h 3 : w 3), adjacent channels paired
+        glm = dict(rope, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)
+        return tf.Glm4vConfig(
+            text_config=dict(TEXT, rope_parameters=glm, eos_token_id=eos(family), pad_token_id=eos(family)),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
+            **_ids(family))
     raise ValueError(family)
 
 
 def _processor(family: str):
     import transformers as tf
 
+    if family.startswith("glm4v"):
+        tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
+        size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
+        image = tf.Glm4vImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size)
+        video = tf.Glm4vVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
+                                       max_image_size={"longest_edge": 28 * 28 * 64}, do_sample_frames=False)
+        return tf.Glm4vProcessor(image_processor=image, tokenizer=tok, video_processor=video)
     tok = _tokenizer()
     if family == "qwen3_vl":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
@@ -81,7 +110,7 @@ def _processor(family: str):
 
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-           "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+           "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

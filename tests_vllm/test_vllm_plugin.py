@@ -45,9 +45,9 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
 def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
     from ropekit.serve.vllm import models
 
-    cls = getattr(models, "Glm4vForConditionalGeneration")
-    with pytest.raises(ValueError, match=r"Glm4vForConditionalGeneration patched by ropekit .*'circle'.* serves "
-                                         r"ropekit checkpoints of Qwen2VLForConditionalGeneration"):
+    cls = getattr(models, "Ernie4_5_VLMoeForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"Ernie4_5_VLMoeForConditionalGeneration patched by ropekit .*'circle'.* "
+                                         r"serves ropekit checkpoints of Qwen2VLForConditionalGeneration"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 

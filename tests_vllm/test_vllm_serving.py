@@ -40,8 +40,9 @@ def _video(seed, frames, h, w):
     return pixels, meta
 
 
-IMG = "<|vision_start|><|image_pad|><|vision_end|>"
-VID = "<|vision_start|><|video_pad|><|vision_end|>"
+#: (image, video) placeholders of a prompt, by family
+MARKERS = {"qwen": ("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"),
+           "glm4v": ("<|begin_of_image|><|image|><|end_of_image|>", "<|begin_of_video|><|video|><|end_of_video|>")}
 TEXT = " ".join(f"w{i}" for i in range(3, 40))  # long enough that a prompt spans two KV blocks (prefix caching)
 
 # (checkpoint family, design, patch keywords, image size, video shape)
@@ -51,11 +52,14 @@ MODELS = {
     # per-axis continuation: compact's text leaves the diagonal
     "qwen2_5_vl-compact": ("qwen2_5_vl", "compact", {}, (56, 84), (4, 56, 56)),
     "qwen3_vl-circle": ("qwen3_vl", "circle", {}, (64, 96), (4, 64, 64)),
+    # adjacent channel pairs, half of the head rotating; videos as one image block per frame with timestamps
+    "glm4v-circle-age": ("glm4v", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
 }
 
 
 def _requests(name):
-    _, _, _, (h, w), (t, vh, vw) = MODELS[name]
+    family, _, _, (h, w), (t, vh, vw) = MODELS[name]
+    IMG, VID = MARKERS.get(family, MARKERS["qwen"])
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),

@@ -164,12 +164,23 @@ class _Requests:
 
 class _Rotary(nn.Module):
     """One decoder layer's rotation: its geometry's rows of the float positions, ropekit's frequency matrix
-    ``W (A, D/2)`` and attention factor, cos/sin in transformers' rotate-half layout (as the patched transformers
-    model builds them)."""
+    ``W (A, R/2)`` and attention factor, cos/sin in the family's channel layout (as the patched transformers model
+    builds them): ``"half"`` turns pair j on channels j and j + R/2 (rotate-half), ``"pairs"`` on channels 2j and
+    2j + 1 (GLM-4.1V). The first ``R`` channels of each head rotate; a partial rotary passes the rest through."""
 
-    def __init__(self, first: int, axes: int, W: torch.Tensor, factor: float, head_size: int, float32: bool):
+    LAYOUTS = ("half", "pairs")
+
+    def __init__(self, first: int, axes: int, W: torch.Tensor, factor: float, head_size: int, float32: bool,
+                 layout: str = "half"):
         super().__init__()
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"ropekit vLLM plugin: rotary layout {layout!r} is not served (served: {self.LAYOUTS})")
         self.first, self.axes, self.factor, self.head_size, self.float32 = first, axes, float(factor), head_size, float32
+        self.layout = layout
+        self.rotated = 2 * int(W.shape[-1])
+        if not 0 < self.rotated <= head_size:
+            raise ValueError(f"ropekit vLLM plugin: {self.rotated} rotated channels do not fit a {head_size}-channel "
+                             f"head")
         self.register_buffer("W", W.detach().to(torch.float32).clone(), persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None):
@@ -177,9 +188,10 @@ class _Rotary(nn.Module):
         from ...rotations.planar import angles
 
         coords = positions[self.first:self.first + self.axes].t().to(torch.float32)  # (N, A)
-        c, s = cos_sin(angles(coords, self.W))
-        c = torch.cat([c, c], dim=-1) * self.factor
-        s = torch.cat([s, s], dim=-1) * self.factor
+        a = angles(coords, self.W)  # (N, R/2)
+        a = a.repeat_interleave(2, dim=-1) if self.layout == "pairs" else torch.cat([a, a], dim=-1)
+        c, s = cos_sin(a)
+        c, s = c * self.factor, s * self.factor
         if not self.float32:
             c, s = c.to(query.dtype), s.to(query.dtype)
         return self._apply(query, c, s), (None if key is None else self._apply(key, c, s))
@@ -187,9 +199,16 @@ class _Rotary(nn.Module):
     def _apply(self, x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(shape[0], -1, self.head_size)
-        half = self.head_size // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return (x * c[:, None] + rotated * s[:, None]).reshape(shape)
+        r = self.rotated
+        xr = x[..., :r]
+        if self.layout == "pairs":  # (x0, x1) -> (-x1, x0) on each pair of adjacent channels
+            turned = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
+        else:
+            turned = torch.cat([-xr[..., r // 2:], xr[..., :r // 2]], dim=-1)
+        out = xr * c[:, None] + turned * s[:, None]
+        if r < self.head_size:
+            out = torch.cat([out, x[..., r:]], dim=-1)
+        return out.reshape(shape)
 
 
 class _Placement:
@@ -210,7 +229,7 @@ class _Placement:
         self.inner = hfpatch._parts(model)[1]
         state = self.state
         where = f"ropekit vLLM plugin ({arch})"
-        if state.layout != "half":
+        if state.layout not in _Rotary.LAYOUTS or state.complex_tables:
             raise ValueError(f"{where}: the family's rotary layout {state.layout!r} is not served")
         if state.variants:
             raise ValueError(f"{where}: models with several rotary tables are not served")
@@ -242,6 +261,8 @@ class _Placement:
             else:
                 raise ValueError(f"ropekit vLLM plugin: the {f.modality!r} modality is not served")
         given = dict(input_ids=torch.tensor([input_tokens], dtype=torch.long))
+        if not self.state.adapter.video_ids_distinct:  # video frames carry the image token id (GLM-4V)
+            given["mm_token_type_ids"] = _token_types(len(input_tokens), mm_features)
         if images:
             given["image_grid_thw"] = torch.stack(images).long()
         if videos:
@@ -250,6 +271,22 @@ class _Placement:
                 given["second_per_grid_ts"] = torch.tensor(seconds)
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+
+#: token type of each modality's embedded tokens (transformers' ``mm_token_type_ids``; text is 0)
+_TYPES = {"image": 1, "video": 2}
+
+
+def _token_types(length: int, mm_features: list) -> torch.Tensor:
+    """``mm_token_type_ids (1, length)`` of a prompt as the family's processor writes them: the tokens vLLM embeds
+    for an image 1, for a video 2, the rest (text, markers, a video's timestamps) 0."""
+    types = torch.zeros(1, length, dtype=torch.long)
+    for f in mm_features:
+        if f.modality not in _TYPES:
+            raise ValueError(f"ropekit vLLM plugin: the {f.modality!r} modality is not served")
+        for lo, hi in f.mm_position.extract_embeds_range():  # inclusive, prompt-absolute
+            types[0, lo:hi + 1] = _TYPES[f.modality]
+    return types
 
 
 def _served_class(arch: str) -> type:
@@ -294,12 +331,7 @@ def _served_class(arch: str) -> type:
                 first, axes = placement.offsets[name]
                 W = geometries[name].W
                 head_size = int(getattr(attn, "head_dim", 0) or vllm_config.model_config.get_head_size())
-                if 2 * W.shape[-1] != head_size:
-                    raise ValueError(
-                        f"ropekit vLLM plugin ({arch}): geometry {name!r} rotates {2 * W.shape[-1]} channels of a "
-                        f"{head_size}-channel head; partial rotary is not served"
-                    )
-                attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables)
+                attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables, state.layout)
                 replaced += 1
             if not replaced:
                 raise ValueError(f"ropekit vLLM plugin ({arch}): found no decoder layer to give ropekit's rotary")
