@@ -9,6 +9,8 @@ the model sees, the model's own window merger and merger (which patches each ima
 forward (cached generation), per-sample runs (packing, with the samples' NaViT-packed pixels joined), save and
 reload.
 """
+import sys
+
 import pytest
 import torch
 import transformers as T
@@ -95,7 +97,10 @@ fam = family_fixture(MINICPM46)
 def test_minicpmv4_6_with_linear_attention_layers_is_the_stock_model():
     """As the checkpoints are built (layer 0 a linear-attention layer, without rotary; layer 1 full attention on
     half of each head): ``vanilla`` gives the stock logits and ``generate`` output bit for bit. Packed rows are
-    refused there, naming the layer type (its recurrent state would run on from one sample into the next)."""
+    refused there, naming the layer type, under flash attention too (which reads the boundaries off the positions):
+    the stock linear-attention layer run over two samples end to end gives the second other outputs than alone, and
+    its short convolution, which takes no boundaries, does so on the second sample's first tokens even where it is
+    handed flash attention's ``cu_seq_lens_q``."""
     model = _seeded(lambda: _minicpmv4_6(layers=("linear_attention", "full_attention")))
     inputs, _ = base.make_batch("minicpmv4_6")
     keep = inputs["attention_mask"].bool()
@@ -109,10 +114,27 @@ def test_minicpmv4_6_with_linear_attention_layers_is_the_stock_model():
         got = model.generate(**inputs, **kw)
     assert torch.equal(got.sequences, gref.sequences)
     assert all(torch.equal(a, b) for a, b in zip(got.logits, gref.logits))
+    samples = base._one_sample_batches("minicpmv4_6")
     with pytest.raises(ValueError, match=r"packed rows are not supported with attention layer types "
                                          r"\['linear_attention'\]"):
-        _logits(model, ropekit.hf.pack(model, base._one_sample_batches("minicpmv4_6")))
+        _logits(model, ropekit.hf.pack(model, samples))
+    text = model.model.language_model
+    text.config._attn_implementation = "flash_attention_2"  # refused before any attention runs
+    with pytest.raises(ValueError, match=r"types \['linear_attention'\]"):
+        _logits(model, ropekit.hf.pack(model, samples, return_flash_attn_kwargs=True))
+    text.config._attn_implementation = "sdpa"
     restore(model)
+    layer = text.layers[0].linear_attn
+    a, b = torch.randn(1, 5, TEXT["hidden_size"]), torch.randn(1, 4, TEXT["hidden_size"])
+    conv = sys.modules[type(layer).__module__].causal_conv1d_fn
+    channels = layer.conv1d.weight.shape[0]
+    xa, xb = torch.randn(1, channels, 5), torch.randn(1, channels, 4)
+    with torch.no_grad():
+        assert not torch.allclose(layer(torch.cat([a, b], 1))[:, 5:], layer(b), atol=1e-3)
+        args = (layer.conv1d.weight.squeeze(1), layer.conv1d.bias)
+        after = conv(torch.cat([xa, xb], 2), *args, activation=layer.activation, cu_seq_lens_q=torch.tensor([0, 5, 9]))
+        alone = conv(xb, *args, activation=layer.activation)
+    assert not torch.allclose(after[..., 5], alone[..., 0], atol=1e-3)  # the first token saw the tokens before it
 
 
 def _video_sample(g):

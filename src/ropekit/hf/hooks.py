@@ -457,6 +457,8 @@ def text_forward(hook: Hook, *args: Any, **kwargs: Any):
     config = hook.owner.config
     packed = find_packed_sequence_indices(text) if not torch.compiler.is_compiling() else None
     flash = "flash" in str(getattr(config, "_attn_implementation", ""))
+    if packed is not None:
+        _packable_layers(config)  # under flash attention too: the layer types below do not read its boundaries
     if packed is None or flash:  # flash attention reads packed rows off the layers' 1-D position_ids
         given["attention_mask"] = torch.ones(batch, length, dtype=torch.long, device=ref.device)
         return hook.call_previous(**given)
@@ -476,21 +478,33 @@ def _packed_masks(text_model: nn.Module, text: torch.Tensor, batch: int, length:
     common = dict(config=config, inputs_embeds=shape, attention_mask=None, position_ids=text.long(),
                   allow_is_causal_skip=False)
     common[cache_keyword(create_causal_mask)] = None  # "cache" since transformers 5.24, "past_key_values" before
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    kinds = _packable_layers(config)
     if kinds == {"full_attention"}:
         return create_causal_mask(**common)
     # indexed (sparse) attention layers pick their keys among those a causal mask allows (HY-V4-VL, Qwen4-Exp)
     makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask,
               "indexed_attention": create_causal_mask}
-    unknown = kinds - set(makers)
+    return {kind: makers[kind](**common) for kind in kinds}
+
+
+_PACKABLE = frozenset({"full_attention", "sliding_attention", "indexed_attention"})
+
+
+def _packable_layers(config: Any) -> set:
+    """The text model's layer types, refused for packed rows where a type would carry one sample into the next."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    unknown = kinds - _PACKABLE
     if unknown:
         raise ValueError(
             f"patched model: packed rows are not supported with attention layer types {sorted(unknown)}"
             + (" (chunked attention cuts a row into chunks by token index, so a packed sample would see other chunks "
                "than it sees alone)" if "chunked_attention" in unknown else "")
             + (" (a short convolution mixes each token with the tokens before it, across the samples' boundaries)"
-               if "conv" in unknown else "") + "; give padded batches")
-    return {kind: makers[kind](**common) for kind in kinds}
+               if "conv" in unknown else "")
+            + (" (a linear-attention layer's short convolution mixes each token with the tokens before it, across "
+               "the samples' boundaries, whatever the attention implementation)"
+               if "linear_attention" in unknown else "") + "; give padded batches")
+    return kinds
 
 
 # --------------------------------------------------------------------------------------------------
