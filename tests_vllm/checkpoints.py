@@ -9,7 +9,7 @@ import torch
 
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-           "<|video_pad|>", "<unk>"]
+           "<|video_pad|>", "<image>", "<unk>"]
 VOCAB = {w: i for i, w in enumerate(WORDS + SPECIAL)}
 EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
                                                     "<|image_pad|>", "<|video_pad|>"))
@@ -21,6 +21,8 @@ TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key
             vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
 SECTIONS = [4, 6, 6]  # head_dim 32: 16 frequency pairs
+LLAVA_IMAGE = VOCAB["<image>"]
+LLAVA_SIDE = 4  # image tokens per side of a LLaVA image: image_size 56 / patch_size 14
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL):
@@ -81,6 +83,12 @@ def config(family: str):
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
             **_ids(family))
+    if family == "llava":
+        return tf.LlavaConfig(
+            text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
+            image_token_id=LLAVA_IMAGE, vision_feature_layer=-2, vision_feature_select_strategy="default")
     raise ValueError(family)
 
 
@@ -95,6 +103,11 @@ def _processor(family: str):
                                        max_image_size={"longest_edge": 28 * 28 * 64}, do_sample_frames=False)
         return tf.Glm4vProcessor(image_processor=image, tokenizer=tok, video_processor=video)
     tok = _tokenizer()
+    if family == "llava":
+        side = 14 * LLAVA_SIDE
+        image = tf.CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+        return tf.LlavaProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
+                                 vision_feature_select_strategy="default", num_additional_image_tokens=1)
     if family == "qwen3_vl":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -110,7 +123,8 @@ def _processor(family: str):
 
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-           "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration"}
+           "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
+           "llava": "LlavaForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

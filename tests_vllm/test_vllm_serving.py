@@ -45,7 +45,7 @@ MARKERS = {"qwen": ("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_sta
            "glm4v": ("<|begin_of_image|><|image|><|end_of_image|>", "<|begin_of_video|><|video|><|end_of_video|>")}
 TEXT = " ".join(f"w{i}" for i in range(3, 40))  # long enough that a prompt spans two KV blocks (prefix caching)
 
-# (checkpoint family, design, patch keywords, image size, video shape)
+# (checkpoint family, design, patch keywords, image size, video shape (None: the family takes no video))
 MODELS = {
     # AGE: Circle-RoPE (float coordinates) on alternate layers, M-RoPE on the others
     "qwen2_vl-circle-age": ("qwen2_vl", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
@@ -54,11 +54,24 @@ MODELS = {
     "qwen3_vl-circle": ("qwen3_vl", "circle", {}, (64, 96), (4, 64, 64)),
     # adjacent channel pairs, half of the head rotating; videos as one image block per frame with timestamps
     "glm4v-circle-age": ("glm4v", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
+    # a 1-D family: AGE with Circle-RoPE (float image coordinates) and vanilla, the family's own 1-D positions
+    "llava-circle-age": ("llava", ("circle", "vanilla"), dict(age="alternate"), (40, 60), None),
+    # vanilla everywhere: the stock model's positions, so vLLM's stock log-probabilities
+    "llava-vanilla": ("llava", "vanilla", {}, (40, 60), None),
 }
+#: the placeholder of one image in a prompt, by family
+IMAGE_PROMPT = {"llava": "<image>"}
 
 
 def _requests(name):
-    family, _, _, (h, w), (t, vh, vw) = MODELS[name]
+    family, _, _, (h, w), video = MODELS[name]
+    if video is None:  # image prompts only: two images, and one
+        img = IMAGE_PROMPT[family]
+        return [
+            (f"w1 w2 {img} {TEXT} {img} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
+            (f"w7 {img} {TEXT} w8", {"image": [_image(3, w, w)]}),
+        ]
+    t, vh, vw = video
     IMG, VID = MARKERS.get(family, MARKERS["qwen"])
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
@@ -76,7 +89,7 @@ def served(request, tmp_path_factory):
     path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
     llm = LLM(model=str(path), dtype="float32", max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
-              limit_mm_per_prompt={"image": 2, "video": 1}, seed=0)
+              limit_mm_per_prompt={"image": 2, "video": 1} if MODELS[name][4] else {"image": 2}, seed=0)
     llm.apply_model(_watch_placements)
     yield name, path, llm
     del llm
@@ -174,9 +187,13 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
             # above, its log-probabilities cannot be
             continue
         assert (got - want).abs().max().item() <= TOL
-        # sensitivity: the family's stock positions give other log-probabilities, far beyond the tolerance
+        # sensitivity: the family's stock positions give other log-probabilities, far beyond the tolerance (the
+        # vanilla design of a 1-D family places as the stock model does: equal)
         _, stock_lp, _ = _hf_logprobs(stock, processor, prompt, mm)
-        assert (got - stock_lp).abs().max().item() > 100 * TOL
+        if MODELS[name][1] == "vanilla":
+            assert (got - stock_lp).abs().max().item() <= TOL
+        else:
+            assert (got - stock_lp).abs().max().item() > 100 * TOL
 
 
 def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):

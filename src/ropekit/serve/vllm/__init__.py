@@ -16,15 +16,22 @@ from __future__ import annotations
 #: loads (vLLM's model runner is read, not wrapped: see docs/serving.md, "How it works")
 TESTED_VLLM = ("0.32.0", "0.32.0")
 
+#: 1-D architectures served with their patch -> the transformers model type; inside vLLM they are carried as M-RoPE
+#: models (:mod:`.one_d`)
+ONE_D = {
+    "LlavaForConditionalGeneration": "llava",
+}
+
 #: architectures served with their patch -> the transformers model type
 SERVED = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Glm4vForConditionalGeneration": "glm4v",
+    **ONE_D,
 }
 
-__all__ = ["register", "TESTED_VLLM", "SERVED", "guarded_architectures"]
+__all__ = ["register", "TESTED_VLLM", "SERVED", "ONE_D", "guarded_architectures"]
 
 
 def guarded_architectures() -> list[str]:
@@ -64,3 +71,6 @@ def register() -> None:
         # plugin it refuses the checkpoint); a stock checkpoint of the family keeps vLLM's own model (models.py)
         for name in (arch, ARCH_PREFIX + arch):
             ModelRegistry.register_model(name, f"ropekit.serve.vllm.models:{name}")
+    from .one_d import register_config_hooks
+
+    register_config_hooks([name for arch in ONE_D for name in (arch, ARCH_PREFIX + arch)])

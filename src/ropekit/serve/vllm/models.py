@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import SERVED, TESTED_VLLM
+from . import ONE_D, SERVED, TESTED_VLLM
 
 HANDLES = 1 << 31  # handles stay below: vLLM adds the delta to an int32 token count
 
@@ -289,10 +289,17 @@ def _token_types(length: int, mm_features: list) -> torch.Tensor:
     return types
 
 
-def _served_class(arch: str) -> type:
-    base = _stock_class(arch)
+def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -> type:
+    """vLLM's model of ``arch`` with the patch; its prompts placed by ``placement_class`` (:class:`_Placement`
+    by default), ``mixins`` before vLLM's class. A stock model without vLLM's M-RoPE interface (the 1-D families)
+    gets it here."""
+    from vllm.model_executor.models.interfaces import SupportsMRoPE
 
-    class Served(base):
+    base = _stock_class(arch)
+    placement_class = placement_class or _Placement
+    bases = (*mixins, base) + (() if getattr(base, "supports_mrope", False) else (SupportsMRoPE,))
+
+    class Served(*bases):
         __doc__ = f"vLLM's {base.__name__}, serving a ropekit checkpoint with its patch (ropekit.serve.vllm.models)."
 
         def __new__(cls, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
@@ -302,7 +309,7 @@ def _served_class(arch: str) -> type:
 
         def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
             check_serving(arch, vllm_config)
-            placement = _Placement(arch, vllm_config.model_config.hf_config)  # refuses before any weight is made
+            placement = placement_class(arch, vllm_config.model_config.hf_config)  # refuses before any weight is made
             super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
             self._ropekit = placement
             self._ropekit_requests = _Requests(placement.rows, vllm_config.model_config.max_model_len)
@@ -406,7 +413,14 @@ def __getattr__(name: str) -> type:
         arch = name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name  # saved checkpoints: the prefix
         if arch not in _VLLM_MODELS:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        cls = _served_class(arch) if arch in SERVED else _refusing_class(arch)
+        if arch in ONE_D:
+            from . import one_d
+
+            cls = _served_class(arch, one_d.placement(arch), (one_d.Weights,))
+        elif arch in SERVED:
+            cls = _served_class(arch)
+        else:
+            cls = _refusing_class(arch)
         cls.__name__ = cls.__qualname__ = name
         _BUILT[name] = cls
     return _BUILT[name]

@@ -1,0 +1,139 @@
+"""Serving ropekit checkpoints of the 1-D families (LLaVA, …) with vLLM (imported by the plugin, never by ropekit's core).
+
+vLLM's models of these families take one position per token, and its model runner calls a model for per-request
+positions (``get_mrope_input_positions``) only when the model's config declares M-RoPE. ropekit places each image
+of these families as a grid of its own, with float coordinates under designs such as Circle-RoPE, so the plugin
+serves them through the same path as the M-RoPE families (:mod:`.models`):
+
+1. :class:`MRoPEHandles` is registered in vLLM's per-architecture config hooks (``MODELS_CONFIG_MAP``): for a
+   checkpoint with a ropekit record it gives vLLM's copy of the config a top-level ``mrope_section``, which is how
+   vLLM tells that a model's runner must carry M-RoPE positions. The section only makes vLLM carry rows of position
+   handles; no rotary reads it (the plugin replaces every decoder layer's rotary), and the language model's own
+   rope parameters, which vLLM's layers are built from, are left as they are. transformers' config of the
+   checkpoint, loaded by anyone else, is another object and never sees it;
+2. the served class adds vLLM's M-RoPE interface to the family's stock model (:func:`.models._served_class`);
+3. :class:`OneDPlacement` places a prompt as the patched transformers model does, from the token ids and what vLLM
+   knows of each image (its run of placeholder tokens), on the weightless copy of the transformers model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import ONE_D
+from .models import _Placement
+
+#: the M-RoPE section vLLM's copy of the config gets: vLLM carries ``max(len, 3)`` rows of position handles
+HANDLE_SECTION = [1, 1, 1]
+
+
+class MRoPEHandles:
+    """vLLM's per-architecture config hook (the ``VerifyAndUpdateConfig`` protocol of
+    ``vllm.model_executor.models.config``): a ropekit checkpoint of a 1-D family is carried as an M-RoPE model."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        hf_config = model_config.hf_config
+        if getattr(hf_config, "ropekit", None) is None:
+            return  # a stock checkpoint: vLLM's own config, untouched
+        if getattr(hf_config, "mrope_section", None) not in (None, HANDLE_SECTION):
+            raise ValueError(
+                f"ropekit vLLM plugin ({model_config.architecture}): the checkpoint's config already has an "
+                f"mrope_section ({hf_config.mrope_section!r}), which the plugin sets to carry position handles"
+            )
+        hf_config.mrope_section = list(HANDLE_SECTION)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        return
+
+
+def register_config_hooks(names: list[str]) -> None:
+    """Put :class:`MRoPEHandles` in vLLM's config hooks under each of ``names``; refuse where vLLM has its own."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    for name in names:
+        hook = MODELS_CONFIG_MAP.get(name)
+        if hook is not None and hook is not MRoPEHandles:
+            raise RuntimeError(
+                f"ropekit vLLM plugin: vLLM has a config hook of its own for {name} ({hook.__name__}); the plugin "
+                f"would replace it. This vLLM release is not one the plugin was tested with"
+            )
+        MODELS_CONFIG_MAP[name] = MRoPEHandles
+
+
+class OneDPlacement(_Placement):
+    """The patch of a 1-D family's ropekit checkpoint; places a prompt from its token ids and image runs."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        super().__init__(arch, hf_config)
+        self.arch = arch
+        self.image_token = int(self.state.image_token_id)
+
+    def place(self, input_tokens: list[int], mm_features: list):
+        from ...hf import hooks
+
+        where = f"ropekit vLLM plugin ({self.arch})"
+        images = []
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            if f.modality != "image":
+                raise ValueError(f"{where}: the {f.modality!r} modality is not served")
+            images.append(f.mm_position)
+        ids = torch.tensor([input_tokens], dtype=torch.long)
+        self._check_runs(ids[0], images, where)
+        given = dict(input_ids=ids)
+        if images:
+            # the family's adapter takes image tokens as images when the forward is given images; which pixels
+            # does not matter to the placement (each image's grid comes from the vision config), so none are made
+            given["pixel_values"] = torch.empty((len(images), 0), device="meta")
+        pos, cont = hooks.placement(self.inner, self.state, given)
+        return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+    def _check_runs(self, ids: torch.Tensor, images: list, where: str) -> None:
+        """The image tokens of the prompt are exactly the runs vLLM fills with image features (the placement
+        reads images off the token ids, vLLM embeds them at its placeholder ranges)."""
+        embedded = torch.zeros_like(ids, dtype=torch.bool)
+        for r in images:
+            run = torch.ones(r.length, dtype=torch.bool)
+            if r.is_embed is not None:
+                run = torch.as_tensor(r.is_embed, dtype=torch.bool)
+            embedded[r.offset:r.offset + r.length] = run
+        tokens = ids == self.image_token
+        if not torch.equal(tokens, embedded):
+            raise ValueError(
+                f"{where}: the prompt holds {int(tokens.sum())} image tokens (id {self.image_token}) but vLLM fills "
+                f"{int(embedded.sum())} positions with image features, not the same ones; the patch places images "
+                f"by their tokens, so it cannot place this prompt"
+            )
+
+
+class Weights:
+    """Reads the weights of a checkpoint saved by transformers 5 into vLLM's model of a 1-D family.
+
+    transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and saves its
+    weights as ``vision_tower.embeddings…``, where vLLM's tower (as the checkpoints saved by transformers 4) has
+    ``vision_tower.vision_model.embeddings…``; every ropekit checkpoint is saved by transformers 5."""
+
+    def load_weights(self, weights):
+        tower = getattr(self, "vision_tower", None)
+        if tower is None or not hasattr(tower, "vision_model"):
+            return super().load_weights(weights)
+
+        def renamed():
+            for name, tensor in weights:
+                for lead in ("vision_tower.", "model.vision_tower."):
+                    rest = name[len(lead):]
+                    if name.startswith(lead) and not rest.startswith("vision_model."):
+                        name = lead + "vision_model." + rest
+                        break
+                yield name, tensor
+
+        return super().load_weights(renamed())
+
+
+def placement(arch: str) -> type:
+    """The placement class of a served 1-D architecture."""
+    if arch not in ONE_D:
+        raise KeyError(arch)
+    return OneDPlacement
