@@ -51,6 +51,28 @@ def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 
+def test_vllm_carries_position_handles_for_a_ropekit_checkpoint_of_a_1d_family_only():
+    """vLLM's runner asks a model for per-request positions only when vLLM reads an M-RoPE section off the config:
+    the plugin's config hook declares one in vLLM's copy of a ropekit LLaVA config; a stock one stays 1-D."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.plugins import load_general_plugins
+    from vllm.transformers_utils.config import mrope_num_dims, uses_mrope
+
+    import checkpoints as ck
+
+    load_general_plugins()
+    for name in ("LlavaForConditionalGeneration", "RopekitLlavaForConditionalGeneration"):
+        hook = MODELS_CONFIG_MAP[name]
+        stock, patched = ck.config("llava"), ck.config("llava")
+        patched.ropekit = {"design": "circle"}
+        for config in (stock, patched):
+            hook.verify_and_update_model_config(SimpleNamespace(hf_config=config, architecture=name))
+        assert not uses_mrope(stock)
+        assert uses_mrope(patched) and mrope_num_dims(patched) == 3
+        # the language model's rope parameters, which vLLM's layers are built from, are the stock ones
+        assert patched.text_config.rope_parameters == stock.text_config.rope_parameters
+
+
 @pytest.mark.parametrize("case, match", [
     (dict(v2=True), "model runner V2 .* VLLM_USE_V2_MODEL_RUNNER=0"),
     (dict(speculative=object()), "speculative decoding"),
