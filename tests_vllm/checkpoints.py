@@ -23,6 +23,7 @@ TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key
 SECTIONS = [4, 6, 6]  # head_dim 32: 16 frequency pairs
 LLAVA_IMAGE = VOCAB["<image>"]
 LLAVA_SIDE = 4  # image tokens per side of a LLaVA image: image_size 56 / patch_size 14
+LLAVA_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL):
@@ -89,6 +90,13 @@ def config(family: str):
             vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=32,
                                num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
             image_token_id=LLAVA_IMAGE, vision_feature_layer=-2, vision_feature_select_strategy="default")
+    if family == "llava_next":  # tiles of 56 x 56 pixels: 2 x 1, 1 x 2 or 2 x 2 of them
+        return tf.LlavaNextConfig(
+            text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
+            image_grid_pinpoints=LLAVA_NEXT_PINPOINTS, image_token_id=LLAVA_IMAGE, vision_feature_layer=-2,
+            vision_feature_select_strategy="default")
     raise ValueError(family)
 
 
@@ -108,6 +116,12 @@ def _processor(family: str):
         image = tf.CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
         return tf.LlavaProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
                                  vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    if family == "llava_next":
+        side = 14 * LLAVA_SIDE
+        image = tf.LlavaNextImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+                                           image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+        return tf.LlavaNextProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
+                                     vision_feature_select_strategy="default", num_additional_image_tokens=1)
     if family == "qwen3_vl":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -124,7 +138,7 @@ def _processor(family: str):
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
-           "llava": "LlavaForConditionalGeneration"}
+           "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -58,9 +58,11 @@ MODELS = {
     "llava-circle-age": ("llava", ("circle", "vanilla"), dict(age="alternate"), (40, 60), None),
     # vanilla everywhere: the stock model's positions, so vLLM's stock log-probabilities
     "llava-vanilla": ("llava", "vanilla", {}, (40, 60), None),
+    # tiled images: a base view and a high-resolution grid with a column of newline tokens, by image size
+    "llava_next-circle-age": ("llava_next", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>"}
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>"}
 
 
 def _requests(name):

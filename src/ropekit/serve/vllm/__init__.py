@@ -20,6 +20,7 @@ TESTED_VLLM = ("0.32.0", "0.32.0")
 #: models (:mod:`.one_d`)
 ONE_D = {
     "LlavaForConditionalGeneration": "llava",
+    "LlavaNextForConditionalGeneration": "llava_next",
 }
 
 #: architectures served with their patch -> the transformers model type

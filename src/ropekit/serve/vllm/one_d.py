@@ -66,6 +66,10 @@ def register_config_hooks(names: list[str]) -> None:
 class OneDPlacement(_Placement):
     """The patch of a 1-D family's ropekit checkpoint; places a prompt from its token ids and image runs."""
 
+    #: what the family's adapter reads of each image besides its tokens: the names of vLLM's per-image fields
+    #: (kept with the request on the CPU, also when the prefix cache covers the image), stacked under the same name
+    fields: tuple = ()
+
     def __init__(self, arch: str, hf_config: Any):
         super().__init__(arch, hf_config)
         self.arch = arch
@@ -75,18 +79,25 @@ class OneDPlacement(_Placement):
         from ...hf import hooks
 
         where = f"ropekit vLLM plugin ({self.arch})"
-        images = []
+        images, fields = [], {name: [] for name in self.fields}
         for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
             if f.modality != "image":
                 raise ValueError(f"{where}: the {f.modality!r} modality is not served")
             images.append(f.mm_position)
+            for name in self.fields:
+                value = None if f.data is None else f.data.get(name)
+                if value is None:
+                    raise ValueError(f"{where}: vLLM handed no {name!r} for an image, which the placement reads")
+                fields[name].append(torch.as_tensor(value.data))
         ids = torch.tensor([input_tokens], dtype=torch.long)
         self._check_runs(ids[0], images, where)
         given = dict(input_ids=ids)
         if images:
             # the family's adapter takes image tokens as images when the forward is given images; which pixels
-            # does not matter to the placement (each image's grid comes from the vision config), so none are made
+            # does not matter to the placement (each image's grid comes from the vision config and the fields
+            # above), so none are made
             given["pixel_values"] = torch.empty((len(images), 0), device="meta")
+            given.update({name: torch.stack(values) for name, values in fields.items()})
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
 
@@ -132,8 +143,15 @@ class Weights:
         return super().load_weights(renamed())
 
 
+class LlavaNextPlacement(OneDPlacement):
+    """LLaVA-NeXT: an image's tiles, and so its token grid, follow from its size."""
+
+    fields = ("image_sizes",)
+
+
+_PLACEMENTS = {"llava_next": LlavaNextPlacement}
+
+
 def placement(arch: str) -> type:
     """The placement class of a served 1-D architecture."""
-    if arch not in ONE_D:
-        raise KeyError(arch)
-    return OneDPlacement
+    return _PLACEMENTS.get(ONE_D[arch], OneDPlacement)
