@@ -9,7 +9,7 @@ import torch
 
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-           "<|video_pad|>", "<image>", "<unk>"]
+           "<|video_pad|>", "<image>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "<unk>"]
 VOCAB = {w: i for i, w in enumerate(WORDS + SPECIAL)}
 EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
                                                     "<|image_pad|>", "<|video_pad|>"))
@@ -97,6 +97,12 @@ def config(family: str):
                                num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
             image_grid_pinpoints=LLAVA_NEXT_PINPOINTS, image_token_id=LLAVA_IMAGE, vision_feature_layer=-2,
             vision_feature_select_strategy="default")
+    if family == "mistral3":  # a token per 28 x 28 pixels (14-pixel patches, 2 x 2 merged)
+        return tf.Mistral3Config(
+            text_config=dict(TEXT, model_type="mistral", eos_token_id=EOS, bos_token_id=EOS, sliding_window=None),
+            vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, head_dim=16, image_size=112, patch_size=14),
+            image_token_id=VOCAB["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1)
     raise ValueError(family)
 
 
@@ -122,6 +128,9 @@ def _processor(family: str):
                                            image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
         return tf.LlavaNextProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
                                      vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    if family == "mistral3":
+        image = tf.PixtralImageProcessor(size={"longest_edge": 112}, patch_size=14)
+        return tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=14, spatial_merge_size=2)
     if family == "qwen3_vl":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -138,7 +147,8 @@ def _processor(family: str):
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
-           "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration"}
+           "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
+           "mistral3": "Mistral3ForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

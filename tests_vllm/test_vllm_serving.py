@@ -60,9 +60,11 @@ MODELS = {
     "llava-vanilla": ("llava", "vanilla", {}, (40, 60), None),
     # tiled images: a base view and a high-resolution grid with a column of newline tokens, by image size
     "llava_next-circle-age": ("llava_next", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # an image of any size: rows of image tokens, each ended by [IMG_BREAK] (the last by [IMG_END])
+    "mistral3-circle-age": ("mistral3", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>"}
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]"}
 
 
 def _requests(name):

@@ -21,6 +21,7 @@ TESTED_VLLM = ("0.32.0", "0.32.0")
 ONE_D = {
     "LlavaForConditionalGeneration": "llava",
     "LlavaNextForConditionalGeneration": "llava_next",
+    "Mistral3ForConditionalGeneration": "mistral3",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -84,11 +84,8 @@ class OneDPlacement(_Placement):
             if f.modality != "image":
                 raise ValueError(f"{where}: the {f.modality!r} modality is not served")
             images.append(f.mm_position)
-            for name in self.fields:
-                value = None if f.data is None else f.data.get(name)
-                if value is None:
-                    raise ValueError(f"{where}: vLLM handed no {name!r} for an image, which the placement reads")
-                fields[name].append(torch.as_tensor(value.data))
+            for name, value in self.image_fields(f, where).items():
+                fields[name].append(value)
         ids = torch.tensor([input_tokens], dtype=torch.long)
         self._check_runs(ids[0], images, where)
         given = dict(input_ids=ids)
@@ -100,6 +97,16 @@ class OneDPlacement(_Placement):
             given.update({name: torch.stack(values) for name, values in fields.items()})
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+    def image_fields(self, feature: Any, where: str) -> dict:
+        """What the adapter reads of one image (``fields``), from vLLM's multimodal feature of it."""
+        out = {}
+        for name in self.fields:
+            value = None if feature.data is None else feature.data.get(name)
+            if value is None:
+                raise ValueError(f"{where}: vLLM handed no {name!r} for an image, which the placement reads")
+            out[name] = torch.as_tensor(value.data)
+        return out
 
     def _check_runs(self, ids: torch.Tensor, images: list, where: str) -> None:
         """The image tokens of the prompt are exactly the runs vLLM fills with image features (the placement
@@ -149,7 +156,31 @@ class LlavaNextPlacement(OneDPlacement):
     fields = ("image_sizes",)
 
 
-_PLACEMENTS = {"llava_next": LlavaNextPlacement}
+class Mistral3Placement(OneDPlacement):
+    """Mistral 3: an image is ``rows`` rows of ``cols`` image tokens, each row ended by ``[IMG_BREAK]`` (the last by
+    ``[IMG_END]``). vLLM keeps no image size with the request, but its placeholder of the image marks which tokens
+    it embeds, which is the grid: the adapter is handed the size of that grid in pixels."""
+
+    fields = ("image_sizes",)
+
+    def image_fields(self, feature: Any, where: str) -> dict:
+        r = feature.mm_position
+        embed = (torch.ones(r.length, dtype=torch.bool) if r.is_embed is None
+                 else torch.as_tensor(r.is_embed, dtype=torch.bool).reshape(-1))
+        rows = int((~embed).sum())
+        cols = r.length // rows - 1 if rows else 0
+        grid = torch.ones(rows, cols + 1, dtype=torch.bool) if cols > 0 else None
+        if grid is None or r.length != rows * (cols + 1) or not torch.equal(embed, grid.index_fill_(1, torch.tensor(
+                [cols]), False).reshape(-1)):
+            raise ValueError(
+                f"{where}: an image's {r.length} placeholder tokens are not rows of image tokens each ended by one "
+                f"other token ([IMG_BREAK], [IMG_END]), as the family's processor writes them"
+            )
+        step = self.state.adapter.token_pixels(self.inner.config)
+        return {"image_sizes": torch.tensor([rows * step, cols * step])}
+
+
+_PLACEMENTS = {"llava_next": LlavaNextPlacement, "mistral3": Mistral3Placement}
 
 
 def placement(arch: str) -> type:
