@@ -194,6 +194,40 @@ def test_minicpmv4_6_pack_refuses_what_it_cannot_join():
     restore(model)
 
 
+def test_minicpmv4_6_packs_16x_crops_of_several_sizes_where_the_window_merger_takes_them():
+    """``"16x"`` (the tower's window merger on): two samples, each one crop, 4 x 8 and 8 x 4 patches. From
+    transformers 5.24 the stock window merger run on both crops in one call gives each crop what it gives alone, and
+    the packed row's logits equal the per-sample runs; 5.18's reads every crop of a call as the first one's size
+    (the second crop's windows come out wrong), and there such a row is refused by name."""
+    from ropekit.hf.adapters.minicpmv4_6 import PER_CROP_WINDOW_MERGER
+    from ropekit.hf.boundary import _release
+
+    model = _seeded(_minicpmv4_6)
+    g = torch.Generator().manual_seed(6)
+    samples = []
+    for grid in ((1, 2), (2, 1)):
+        ids, _, _ = _picture((grid, 0, 0, (0, 0)))
+        ids = torch.tensor([[5] + ids + [7]])
+        pixels, sizes = _packed_pixels([grid], g, factor=4)
+        samples.append(dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+                            target_sizes=sizes, downsample_mode="16x"))
+    merger = model.model.vision_tower.vit_merger
+    x, sizes = torch.randn(1, 64, merger.embed_dim, generator=g), torch.tensor([[4, 8], [8, 4]])
+    with torch.no_grad():
+        joint = merger(x, sizes)
+        apart = torch.cat([merger(x[:, :32], sizes[:1]), merger(x[:, 32:], sizes[1:])], 1)
+    patch_model(model, "circle")
+    if _release(T.__version__) >= _release(PER_CROP_WINDOW_MERGER):
+        torch.testing.assert_close(joint, apart, rtol=1e-5, atol=1e-5)
+        alone = torch.cat([_logits(model, s)[0] for s in samples])
+        torch.testing.assert_close(_logits(model, ropekit.hf.pack(model, samples))[0], alone, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(joint[:, :8], apart[:, :8]) and not torch.allclose(joint[:, 8:], apart[:, 8:])
+        with pytest.raises(ValueError, match=r"crops have 2 sizes \(target_sizes \[\(4, 8\), \(8, 4\)\]\)"):
+            ropekit.hf.pack(model, samples)
+    restore(model)
+
+
 def test_minicpmv4_6_tokens_hold_the_patches_of_their_grid_cell():
     """One-hot patch markers through the model's own window merger (its attention and MLP outputs zeroed, so each
     feature is the mean of its window) and merger (its MLPs the identity, so each token lists its windows), on an

@@ -57,7 +57,7 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
 
     A sample is what the processor returns for one sample; its ``attention_mask`` (if any) must be all ones.
     """
-    from .patch import _state, position_ids
+    from .patch import _parts, _state, position_ids
 
     if _state(model) is None:
         raise ValueError("pack: the model is not patched; call ropekit.patch_model(model, ...) first (the "
@@ -125,6 +125,7 @@ def pack(model: nn.Module, samples: Sequence[Mapping[str, Any]], *, return_flash
         elif parts:
             out[k] = torch.cat(_same_tiles([p if p.ndim else p[None] for p in parts], k), dim=0)
     out.update(shared)
+    _state(model).adapter.check_packed(_parts(model)[1].config, out)
     if return_flash_attn_kwargs:
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))

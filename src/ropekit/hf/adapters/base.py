@@ -137,6 +137,10 @@ class Adapter:
     def check(self, inner: nn.Module) -> None:
         """Refuse, at patch time, a model whose layout this family's adapter cannot place."""
 
+    def check_packed(self, config: Any, row: dict) -> None:
+        """Refuse a packed row (:func:`ropekit.hf.pack`'s output) whose joined vision inputs the model, given a bare
+        model's ``config``, would not encode as it encodes each sample alone."""
+
     def stock_design(self) -> tuple[str, dict]:
         """(design, options) of the family's stock-equivalent patch, the one that gives the stock model's positions
         and tables: ``vanilla`` on the 1-D families, ``mrope`` with the spatial continuation on the 3-axis ones."""

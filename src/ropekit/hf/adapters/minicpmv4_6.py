@@ -17,7 +17,8 @@ Packing: the processor lays a batch's crops out as one NaViT-packed row (``pixel
 each crop's patches after the previous crop's, one ``target_sizes`` row per crop); the tower attends within each
 crop (``cu_seqlens`` from ``target_sizes``), merges within each window and crop, and the features fill the image
 tokens in crop order. Samples packed in one row therefore join their pixels along the last dimension and their
-size rows in sample order, which gives each crop the features it gets alone.
+size rows in sample order, which gives each crop the features it gets alone. (transformers 5.18's window merger
+reads every crop of a call as the first one's size: there a ``"16x"`` row whose crops differ in size is refused.)
 
 Rotation: the Qwen3.5 text model rotates part of each head (``partial_rotary_factor``) with one table for its three
 M-RoPE axes (interleaved ``mrope_section``), which the stock model fills with the same 1-D index; a 3-axis design
@@ -32,6 +33,11 @@ from torch import nn
 
 from .base import partial_rotary_dim
 from .llava import Llava, encoded_images, place_items
+
+
+#: the oldest transformers release ropekit was tested with whose window merger (``"16x"``) takes crops of several
+#: sizes in one call (5.18's reads every crop as the first one's size)
+PER_CROP_WINDOW_MERGER = "5.24.0"
 
 
 class MiniCPMV4_6(Llava):
@@ -59,6 +65,26 @@ class MiniCPMV4_6(Llava):
         mh, mw = tuple(config.merge_kernel_size)
         times = int(config.merger_times)
         return wh * mh ** times, ww * mw ** times
+
+    def check_packed(self, config: Any, row: dict) -> None:
+        from ..boundary import _release, transformers_version
+
+        version = transformers_version()
+        mode = row.get("downsample_mode") or getattr(config, "downsample_mode", "16x")
+        if mode != "16x" or version.startswith("<") or _release(version) >= _release(PER_CROP_WINDOW_MERGER):
+            return
+        for name in ("target_sizes", "target_sizes_videos"):  # images and videos are encoded apart
+            sizes = row.get(name)
+            shapes = set() if sizes is None else {tuple(s) for s in torch.as_tensor(sizes).reshape(-1, 2).tolist()}
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"pack: MiniCPM-V 4.6 in downsample_mode '16x' on transformers {version}: the packed row's crops "
+                    f"have {len(shapes)} sizes ({name} {sorted(shapes)}); the window merger of transformers 5.18 "
+                    f"reads every crop of one call as the first one's size (ropekit knows one that takes each "
+                    f"crop's own from {PER_CROP_WINDOW_MERGER} on), so the packed samples would not get the "
+                    f"features they get alone; pack samples whose crops have one size, use downsample_mode '4x', "
+                    f"or upgrade transformers (>= {PER_CROP_WINDOW_MERGER})"
+                )
 
     def vision_inputs(self, inner: nn.Module, types: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
         fh, fw = self.shrink(inner.config, kwargs.get("downsample_mode"))
