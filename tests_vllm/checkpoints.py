@@ -84,6 +84,22 @@ def config(family: str):
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
             **_ids(family))
+    if family == "qwen3_vl_moe":
+        return tf.Qwen3VLMoeConfig(
+            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS,
+                             bos_token_id=EOS, **MOE["qwen3_vl_moe"]),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
+                               deepstack_visual_indexes=[0], num_position_embeddings=64),
+            **_ids(family))
+    if family == "glm4v_moe":
+        glm = dict(rope, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)
+        return tf.Glm4vMoeConfig(
+            text_config=dict(TEXT, rope_parameters=glm, eos_token_id=eos(family), pad_token_id=eos(family),
+                             **MOE["glm4v_moe"]),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
+            **_ids(family))
     if family == "llava":
         return tf.LlavaConfig(
             text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
@@ -104,6 +120,14 @@ def config(family: str):
                                num_attention_heads=2, head_dim=16, image_size=112, patch_size=14),
             image_token_id=VOCAB["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1)
     raise ValueError(family)
+
+
+#: expert layers of the MoE families (4 experts, 2 per token; expert width 48, so no expert matrix is square)
+MOE = {
+    "qwen3_vl_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48),
+    "glm4v_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=1, topk_group=1),
+}
 
 
 def _processor(family: str):
@@ -131,7 +155,7 @@ def _processor(family: str):
     if family == "mistral3":
         image = tf.PixtralImageProcessor(size={"longest_edge": 112}, patch_size=14)
         return tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=14, spatial_merge_size=2)
-    if family == "qwen3_vl":
+    if family.startswith("qwen3_vl"):
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
         video = tf.Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size, fps=2,
@@ -148,7 +172,8 @@ def _processor(family: str):
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
-           "mistral3": "Mistral3ForConditionalGeneration"}
+           "mistral3": "Mistral3ForConditionalGeneration", "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+           "glm4v_moe": "Glm4vMoeForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -123,3 +123,25 @@ def test_handles_survive_vllms_own_continuation_up_to_the_last_slot_and_token():
         requests.add(geo, start)
     requests.drop(last)
     assert requests.add(geo, start) == last  # a finished request's slot is reused
+
+
+def test_qwen3_vl_moe_experts_whose_layout_cannot_be_told_are_refused():
+    """transformers writes Qwen3-VL-MoE's fused experts as ``(E, out, in)``, vLLM reads ``(E, in, out)``: the plugin
+    transposes what it can tell apart and refuses a square expert matrix instead of guessing."""
+    import torch
+
+    from ropekit.serve.vllm.models import _qwen3_vl_moe_experts
+
+    config = SimpleNamespace(text_config=SimpleNamespace(hidden_size=64, moe_intermediate_size=48))
+    saved = [("model.language_model.layers.0.mlp.experts.gate_up_proj", torch.randn(4, 96, 64)),
+             ("model.language_model.layers.0.mlp.experts.down_proj", torch.randn(4, 64, 48)),
+             ("model.language_model.layers.0.mlp.gate.weight", torch.randn(4, 64))]
+    read = dict(_qwen3_vl_moe_experts(config, iter(saved)))
+    assert torch.equal(read[saved[0][0]], saved[0][1].transpose(1, 2))
+    assert torch.equal(read[saved[1][0]], saved[1][1].transpose(1, 2))
+    assert read[saved[2][0]] is saved[2][1]
+    released = [(n, t.transpose(1, 2)) for n, t in saved[:2]]  # already in vLLM's layout: read as it is
+    assert all(read_t is t for (_, t), (_, read_t) in zip(released, _qwen3_vl_moe_experts(config, iter(released))))
+    square = SimpleNamespace(text_config=SimpleNamespace(hidden_size=64, moe_intermediate_size=32))
+    with pytest.raises(ValueError, match="gate_up_proj is \\(4, 64, 64\\).* cannot be told"):
+        list(_qwen3_vl_moe_experts(square, iter([(saved[0][0], torch.zeros(4, 64, 64))])))

@@ -52,8 +52,12 @@ MODELS = {
     # per-axis continuation: compact's text leaves the diagonal
     "qwen2_5_vl-compact": ("qwen2_5_vl", "compact", {}, (56, 84), (4, 56, 56)),
     "qwen3_vl-circle": ("qwen3_vl", "circle", {}, (64, 96), (4, 64, 64)),
+    # experts saved by transformers in its own layout, read by vLLM in the released checkpoints' one
+    "qwen3_vl_moe-circle": ("qwen3_vl_moe", "circle", {}, (64, 96), (4, 64, 64)),
     # adjacent channel pairs, half of the head rotating; videos as one image block per frame with timestamps
     "glm4v-circle-age": ("glm4v", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
+    # GLM-4.5V: rotate-half pairs over half of the head, experts
+    "glm4v_moe-circle": ("glm4v_moe", "circle", {}, (56, 84), (4, 56, 56)),
     # a 1-D family: AGE with Circle-RoPE (float image coordinates) and vanilla, the family's own 1-D positions
     "llava-circle-age": ("llava", ("circle", "vanilla"), dict(age="alternate"), (40, 60), None),
     # vanilla everywhere: the stock model's positions, so vLLM's stock log-probabilities
@@ -76,7 +80,7 @@ def _requests(name):
             (f"w7 {img} {TEXT} w8", {"image": [_image(3, w, w)]}),
         ]
     t, vh, vw = video
-    IMG, VID = MARKERS.get(family, MARKERS["qwen"])
+    IMG, VID = MARKERS["glm4v" if family.startswith("glm4v") else "qwen"]
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),

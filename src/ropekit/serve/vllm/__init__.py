@@ -4,7 +4,7 @@ vLLM loads it through the ``vllm.general_plugins`` entry point (``ropekit-vllm =
 every process it starts. :func:`register` makes transformers' ``AutoConfig`` read ropekit's saved config form
 and puts ropekit's classes in vLLM's model registry under the architecture names the checkpoints carry:
 
-- Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V checkpoints are served with their patch (:mod:`.models`);
+- Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V and GLM-4.5V checkpoints are served with their patch (:mod:`.models`);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
 
 A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
@@ -30,6 +30,8 @@ SERVED = {
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Glm4vForConditionalGeneration": "glm4v",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+    "Glm4vMoeForConditionalGeneration": "glm4v_moe",
     **ONE_D,
 }
 

@@ -289,6 +289,47 @@ def _token_types(length: int, mm_features: list) -> torch.Tensor:
     return types
 
 
+def _qwen3_vl_moe_experts(hf_config: Any, weights: Any) -> Any:
+    """Qwen3-VL-MoE's fused expert weights in the layout vLLM reads. transformers 5 writes them as it holds them,
+    ``gate_up_proj (E, 2I, H)`` and ``down_proj (E, H, I)``; vLLM reads the released checkpoints' layout,
+    ``(E, H, 2I)`` and ``(E, I, H)``. A tensor in transformers' layout is transposed; one whose two layouts have the
+    same shape (``H == 2I`` or ``H == I``) cannot be told apart and is refused."""
+    text = getattr(hf_config, "text_config", hf_config)
+    hidden, inter = int(text.hidden_size), int(text.moe_intermediate_size)
+    saved = {"experts.gate_up_proj": (2 * inter, hidden), "experts.down_proj": (hidden, inter)}  # transformers'
+    for name, tensor in weights:
+        shape = saved.get(name.rsplit(".mlp.", 1)[-1])
+        if shape is not None and tensor.ndim == 3:
+            if shape[0] == shape[1]:
+                raise ValueError(
+                    f"ropekit vLLM plugin (Qwen3VLMoeForConditionalGeneration): expert weight {name} is "
+                    f"{tuple(tensor.shape)}, the same shape in transformers' layout and in the one vLLM reads, so "
+                    f"which one it is cannot be told"
+                )
+            if tuple(tensor.shape[1:]) == shape:
+                tensor = tensor.transpose(1, 2)
+        yield name, tensor
+
+
+#: architecture -> how its checkpoint's weights are read (a generator over ``(name, tensor)``)
+_WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts}
+
+#: architecture -> text config attributes vLLM's model reads that transformers 5's config of the family lacks, with
+#: the value transformers' model behaves by: its Qwen3-VL-MoE router always renormalizes the top-k weights, its
+#: GLM-4.5V attention has no q/k norm
+_TEXT_DEFAULTS = {
+    "Qwen3VLMoeForConditionalGeneration": {"norm_topk_prob": True},
+    "Glm4vMoeForConditionalGeneration": {"use_qk_norm": False},
+}
+
+
+def _complete_text_config(arch: str, hf_config: Any) -> None:
+    text = getattr(hf_config, "text_config", hf_config)
+    for key, value in _TEXT_DEFAULTS.get(arch, {}).items():
+        if not hasattr(text, key):
+            setattr(text, key, value)
+
+
 def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -> type:
     """vLLM's model of ``arch`` with the patch; its prompts placed by ``placement_class`` (:class:`_Placement`
     by default), ``mixins`` before vLLM's class. A stock model without vLLM's M-RoPE interface (the 1-D families)
@@ -310,6 +351,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
         def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
             check_serving(arch, vllm_config)
             placement = placement_class(arch, vllm_config.model_config.hf_config)  # refuses before any weight is made
+            _complete_text_config(arch, vllm_config.model_config.hf_config)
             super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
             self._ropekit = placement
             self._ropekit_requests = _Requests(placement.rows, vllm_config.model_config.max_model_len)
@@ -342,6 +384,12 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                 replaced += 1
             if not replaced:
                 raise ValueError(f"ropekit vLLM plugin ({arch}): found no decoder layer to give ropekit's rotary")
+
+        def load_weights(self, weights: Any) -> Any:
+            convert = _WEIGHTS.get(arch)
+            if convert is not None:
+                weights = convert(self.config, weights)
+            return super().load_weights(weights)
 
         def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list) -> tuple[torch.Tensor, int]:
             geo, start = self._ropekit.place(list(input_tokens), mm_features)
