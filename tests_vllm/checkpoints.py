@@ -9,7 +9,8 @@ import torch
 
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-           "<|video_pad|>", "<image>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "<unk>"]
+           "<|video_pad|>", "<image>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "<img>", "</img>",
+           "<IMG_CONTEXT>", "<video>", "<unk>"]
 VOCAB = {w: i for i, w in enumerate(WORDS + SPECIAL)}
 EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
                                                     "<|image_pad|>", "<|video_pad|>"))
@@ -26,14 +27,14 @@ LLAVA_SIDE = 4  # image tokens per side of a LLaVA image: image_size 56 / patch_
 LLAVA_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
 
 
-def _tokenizer(vocab=VOCAB, special=SPECIAL):
+def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   unk_token="<unk>")
+                                   unk_token="<unk>", **({"extra_special_tokens": named} if named else {}))
     fast.add_special_tokens({"additional_special_tokens": special[1:-1]})
     return fast
 
@@ -119,6 +120,12 @@ def config(family: str):
             vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                                num_attention_heads=2, head_dim=16, image_size=112, patch_size=14),
             image_token_id=VOCAB["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1)
+    if family == "internvl":  # tiles of 56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens
+        return tf.InternVLConfig(
+            text_config=dict(TEXT, model_type="qwen2", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=[56, 56], patch_size=[14, 14]),
+            image_token_id=VOCAB["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5)
     raise ValueError(family)
 
 
@@ -155,6 +162,13 @@ def _processor(family: str):
     if family == "mistral3":
         image = tf.PixtralImageProcessor(size={"longest_edge": 112}, patch_size=14)
         return tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=14, spatial_merge_size=2)
+    if family == "internvl":
+        tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
+                                    context_image_token="<IMG_CONTEXT>", video_token="<video>"))
+        image = tf.GotOcr2ImageProcessor(size={"height": 56, "width": 56}, crop_to_patches=True, min_patches=1,
+                                         max_patches=4)
+        video = tf.InternVLVideoProcessor(size={"height": 56, "width": 56})
+        return tf.InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=4)
     if family.startswith("qwen3_vl"):
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -173,7 +187,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
            "mistral3": "Mistral3ForConditionalGeneration", "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-           "glm4v_moe": "Glm4vMoeForConditionalGeneration"}
+           "glm4v_moe": "Glm4vMoeForConditionalGeneration",
+           "internvl": "InternVLForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -66,9 +66,11 @@ MODELS = {
     "llava_next-circle-age": ("llava_next", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # an image of any size: rows of image tokens, each ended by [IMG_BREAK] (the last by [IMG_END])
     "mistral3-circle-age": ("mistral3", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
+    # tiles (and a thumbnail) of an image, each a grid of its own; a Qwen2 language model
+    "internvl-circle-age": ("internvl", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]"}
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>"}
 
 
 def _requests(name):

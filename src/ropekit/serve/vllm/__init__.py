@@ -22,6 +22,7 @@ ONE_D = {
     "LlavaForConditionalGeneration": "llava",
     "LlavaNextForConditionalGeneration": "llava_next",
     "Mistral3ForConditionalGeneration": "mistral3",
+    "InternVLForConditionalGeneration": "internvl",
 }
 
 #: architectures served with their patch -> the transformers model type
