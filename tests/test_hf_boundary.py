@@ -25,6 +25,7 @@ from test_hf_conformance import BUILDERS as QWEN_BUILDERS
 from test_hf_families_1d import BUILDERS as FAMILY_1D_BUILDERS
 from test_hf_families_3axis import BUILDERS as FAMILY_BUILDERS
 from test_hf_families_round3_3axis import BUILDERS as ROUND3_BUILDERS
+from test_hf_glm_image import BUILDERS as GLM_IMAGE_BUILDERS
 from test_hf_llava import _build as _build_llava, _config as _llava_config
 from test_hf_omni import BUILDERS as OMNI_BUILDERS
 from test_hf_vision import ENCODERS
@@ -56,6 +57,7 @@ BUILDERS = {
     **FAMILY_1D_BUILDERS,  # internvl, gemma3, idefics3, smolvlm, mistral3, paligemma, aya_vision
     **OMNI_BUILDERS,  # qwen2_5_omni_thinker, qwen3_omni_moe_thinker
     **ROUND3_BUILDERS,  # qwen4_exp, cosmos3_edge, cosmos3_omni, cohere_compass, hy_v4_vl, ...
+    **GLM_IMAGE_BUILDERS,  # glm_image
 }
 
 

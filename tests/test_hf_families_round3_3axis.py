@@ -372,36 +372,3 @@ def test_minicpmv4_7_save_reload_and_refusals(tmp_path):
         with pytest.raises(ValueError, match="downsample_mode='4x'"):
             model(**inputs, downsample_mode="4x")
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# GLM-Image: refused (docs/hf.md); the facts the reason rests on, on the stock model
-
-
-def _glm_image():
-    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [1, 2, 1], "partial_rotary_factor": 0.5}
-    return T.GlmImageForConditionalGeneration(T.GlmImageConfig(
-        text_config=dict(TEXT, num_hidden_layers=1, vision_vocab_size=40, pad_token_id=PAD, eos_token_id=73,
-                         rope_parameters=rope),
-        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, patch_size=2, image_size=8),
-        vq_config=dict(embed_dim=8, num_embeddings=40, latent_channels=8),
-        image_token_id=IMG, image_start_token_id=72, image_end_token_id=73)).eval()
-
-
-def test_glm_image_is_refused_because_it_plans_the_positions_of_the_image_it_generates():
-    """Why GLM-Image is refused: for a prompt ending in ``<image_start>`` with a 2 x 3 target grid, stock get_rope_index
-    places the prompt on the text diagonal and plans the positions of the tokens the model will generate as a raster
-    over the grid, (s, s + row, s + column), then the end marker at s + max(h, w), kept on the model for the decoding
-    steps. A patched model's generate continues every row by one per token (the diagonal), so it would misplace the
-    generated image; patch_model refuses the family by name and leaves it stock."""
-    _needs("GlmImageForConditionalGeneration")
-    model = _glm_image()
-    ids = torch.tensor([[1, 2, 3, 72]])
-    pos, deltas = model.model.get_rope_index(ids, image_grid_thw=torch.tensor([[1, 2, 3]]),
-                                             images_per_sample=torch.tensor([1]))
-    assert torch.equal(pos[:, 0], torch.arange(4).expand(3, -1)) and deltas.tolist() == [[0]]
-    planned = model.model._cached_decode_position_ids[0]
-    assert planned.tolist() == [[4, 4, 4, 4, 4, 4, 7], [4, 4, 4, 5, 5, 5, 7], [4, 5, 6, 4, 5, 6, 7]]
-    assert not torch.equal(planned, torch.arange(4, 11).expand(3, -1))  # not the diagonal generate would carry
-    with pytest.raises(ValueError, match=r"model type 'glm_image' .* is refused: GLM-Image generates images"):
-        patch_model(model, "mrope", continuation="spatial")
-    assert not is_patched(model)

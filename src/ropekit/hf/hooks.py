@@ -167,8 +167,9 @@ _LM_VISION = ("pixel_values", "pixel_values_videos", "mm_encoder_outputs")
 
 
 def _inputs(owner: nn.Module, state: st._State, given: dict) -> tuple:
-    """(token types ``(B, L)`` on the CPU, grids, 2-D 0/1 mask on the CPU or None, batch, length, device) of a
-    fresh sequence, from a forward's (or :func:`ropekit.hf.position_ids`') arguments by name."""
+    """(token types ``(B, L)`` on the CPU, grids, 2-D 0/1 mask on the CPU or None, batch, length, device, plan) of
+    a fresh sequence, from a forward's (or :func:`ropekit.hf.position_ids`') arguments by name; ``plan`` the
+    per-sample layouts of a family whose prompt plans what the model generates (else None)."""
     input_ids, embeds = given.get("input_ids"), given.get("inputs_embeds")
     ref = embeds if embeds is not None else input_ids
     if ref is None:
@@ -184,7 +185,7 @@ def _inputs(owner: nn.Module, state: st._State, given: dict) -> tuple:
         else:
             types = _types_from_embeddings(owner, state, embeds)
         types, images, videos = state.adapter.vision_inputs(owner, types, given)
-        return types.cpu(), (images, videos, None), mask, batch, length, ref.device
+        return types.cpu(), (images, videos, None), mask, batch, length, ref.device, None
     named = state.adapter.position_arguments(given)
     grids = (named.get("image_grid_thw"), named.get("video_grid_thw"), named.get("second_per_grid_ts"))
     types_given = _audio_types(state, named)
@@ -199,7 +200,16 @@ def _inputs(owner: nn.Module, state: st._State, given: dict) -> tuple:
             f"patched model: mm_token_type_ids covers {types.shape[1]} tokens but the input has {length}; give "
             f"mm_token_type_ids for every token"
         )
-    return types.cpu(), grids, mask, batch, length, ref.device
+    return types.cpu(), grids, mask, batch, length, ref.device, _plan(state, input_ids, mask, named, batch, length)
+
+
+def _plan(state: st._State, input_ids, mask, named: dict, batch: int, length: int) -> Optional[list]:
+    """The per-sample layouts of a family whose prompt plans what the model generates (read off the ids by its
+    adapter), or None for the other families."""
+    if state.plan_tokens is None:
+        return None
+    ids = None if input_ids is None else input_ids.cpu()
+    return state.adapter.plan_layouts(state.plan_tokens, ids, mask, named, batch, length)
 
 
 @torch.compiler.disable
@@ -207,8 +217,8 @@ def placement(owner: nn.Module, state: st._State, given: dict) -> tuple[torch.Te
     """The position tensor of a fresh sequence and its continuation, from a forward's arguments by name.
 
     Run eagerly, also inside ``torch.compile`` (a graph break): placing reads the layout off the tokens."""
-    types, grids, mask, _, _, device = _inputs(owner, state, given)
-    return st.place(state, types, grids, mask, device)
+    types, grids, mask, _, _, device, plan = _inputs(owner, state, given)
+    return st.place(state, types, grids, mask, device, plan)
 
 
 def _new_tokens_are_text(owner: nn.Module, state: st._State, given: dict, length: int) -> None:
@@ -377,7 +387,8 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     if input_ids is None:
         call["inputs_embeds"] = inputs_tensor if inputs_tensor.is_floating_point() else None
     pos, record = placement(inner, state, call)
-    ends_in_text = torch.equal(record.start, pos[1:, :, -1] + 1)
+    # (a prompt that plans what follows it continues on that plan, which its family's decoding reads off the cache)
+    ends_in_text = record.plan is not None or torch.equal(record.start, pos[1:, :, -1] + 1)
     if not ends_in_text:
         raise ValueError(
             "patched model: the prompt ends with an image or video block, so generate's rule for the next "
@@ -390,7 +401,7 @@ def prepare_position_ids_for_generation(hook: Hook, *args: Any, **kwargs: Any) -
     if types and not state.adapter.one_d:  # generate extends these with zeros: what it generates is text
         named = state.adapter.position_arguments(model_kwargs)
         if named.get("image_grid_thw") is not None or named.get("video_grid_thw") is not None:
-            types_cpu, _, _, _, _, _ = _inputs(inner, state, call)
+            types_cpu = _inputs(inner, state, call)[0]
             types_cpu = types_cpu.masked_fill(types_cpu >= st.MARKER, 0)  # markers are text to the model
             model_kwargs["mm_token_type_ids"] = types_cpu.to(inputs_tensor.device)
     return pos
@@ -423,7 +434,8 @@ def get_rope_index(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     if ((grids[0] is not None or grids[1] is not None) and given.get("mm_token_type_ids") is None
             and state.adapter.takes_token_types):
         _grids_without_types(state)
-    pos, deltas = st.index(state, types, grids, mask, input_ids.device)
+    plan = _plan(state, input_ids, mask, given, batch, length)
+    pos, deltas = st.index(state, types, grids, mask, input_ids.device, plan)
     if state.adapter.integer_positions and bool((pos == pos.round()).all()):
         pos = pos.to(input_ids.dtype)
     return pos, deltas

@@ -22,7 +22,8 @@ _SEQUENCE = ("input_ids", "mm_token_type_ids", "labels")
 _STACKED = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts",
             "video_second_per_grid", "image_sizes", "image_sizes_videos", "input_features", "feature_attention_mask",
             "audio_feature_lengths", "pixel_attention_mask", "image_attention_mask", "image_merge_sizes",
-            "video_merge_sizes", "video_compression_mask", "pixel_values_local", "num_local_patches")
+            "video_merge_sizes", "video_compression_mask", "pixel_values_local", "num_local_patches",
+            "images_per_sample")
 #: per-sample scalars that must agree across the samples of one row
 _SHARED = ("use_audio_in_video",)
 

@@ -479,6 +479,7 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         video_token_id=getattr(inner.config, "video_token_id", None),
         audio_token_id=getattr(inner.config, "audio_token_id", None),
         interleave=adapter.interleave(inner.config),
+        plan_tokens=adapter.plan_tokens(inner.config),
         vision_start_token_id=(None if adapter.takes_token_types
                                else getattr(inner.config, "vision_start_token_id", None)),
     )

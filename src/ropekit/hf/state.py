@@ -53,18 +53,25 @@ class _Prompt:
     mask: Optional[torch.Tensor]  # (B, L) 0/1 on the CPU, or None
     grids: tuple  # (image_grid_thw, video_grid_thw, second_per_grid_ts) as placed
     counts: torch.Tensor  # (B,) valid prompt tokens, on the CPU
+    #: families whose prompt plans what the model generates (Adapter.plan_tokens): per sample, (segments of its valid
+    #: tokens up to where the generated part begins, the segments generated from there); None for the others
+    plan: Optional[list] = None
 
 
 @dataclass
 class Continuation:
     """Where the text after a placed prompt goes, kept with the KV cache that prompt filled.
 
-    Text token ``j`` after the prompt (``j = 0`` the first) sits at ``start + j`` on every geometry row.
+    Text token ``j`` after the prompt (``j = 0`` the first) sits at ``start + j`` on every geometry row. Where the
+    prompt plans what the model generates after it (GLM-Image's image), token ``j`` of the ``planned[b]`` first
+    takes ``plan[:, b, j]``, and the text after them starts at ``start``.
     """
 
     start: torch.Tensor  # (R - 1, B) float32: every geometry row's position of the first text token after it
     counts: torch.Tensor  # (B,) valid tokens of the prompt
     length: int  # the prompt's padded length
+    plan: Optional[torch.Tensor] = None  # (R - 1, B, P) float32: the planned tokens' positions, in order; or None
+    planned: Optional[torch.Tensor] = None  # (B,) long: how many of plan's columns each sample takes
 
 
 @dataclass
@@ -101,6 +108,9 @@ class _State:
     #: families typed by their ids alone (no mm_token_type_ids: the Omni thinkers): the token that opens a vision
     #: block, after which the model reads an image or video token as one (see :func:`stray_vision_as_text`)
     vision_start_token_id: Optional[int] = None
+    #: families whose prompt plans the positions of what the model generates (Adapter.plan_tokens: GLM-Image's
+    #: <image_start> and <image_end> ids); None for the others
+    plan_tokens: Optional[tuple] = None
 
     @property
     def rows(self) -> list[tuple[str, int]]:
@@ -293,6 +303,10 @@ def _place(state: _State, prompt: _Prompt, extra: int) -> dict[str, torch.Tensor
         return _place_interleaved(state, prompt, extra)
     if state.markers is not None:
         return _place_canvas(state, prompt, extra)
+    if prompt.plan is not None:
+        if extra:
+            raise ValueError("patched model: a planned prompt is placed with its continuation (place)")
+        return _place_planned(state, prompt)[0]
     batch = types.shape[0]
     ext_types = torch.cat([types, types.new_zeros(batch, extra)], dim=1)
     ext_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, extra)], dim=1)
@@ -408,6 +422,45 @@ def _place_interleaved(state: _State, prompt: _Prompt, extra: int) -> dict[str, 
     return out
 
 
+def _place_planned(state: _State, prompt: _Prompt) -> tuple:
+    """:func:`_place` for a family whose prompt plans what the model generates (:attr:`_Prompt.plan`): each
+    sample's layout is its segments, the planned ones, then text, placed by one :func:`ropekit.positions` call.
+
+    Returns, per geometry, the positions ``(A, B, L)`` of the sequence, ``(A, B)`` of the first text token after it
+    and after what is planned, ``(A, B, P)`` of the planned tokens still to come (the given sequence may already hold
+    some: a forward over generated tokens), and ``(B,)`` how many of those each sample has."""
+    batch, length = prompt.types.shape
+    valid = torch.ones(batch, length, dtype=torch.bool) if prompt.mask is None else prompt.mask != 0
+    counts = valid.sum(-1).tolist()
+    shift = state.adapter.counts_padding_without_images and prompt.grids[0] is None
+    leading = (valid.long().cumsum(-1) == 0).sum(-1).float() if shift else torch.zeros(batch)
+    layouts, rest = [], []
+    for (segs, planned), n in zip(prompt.plan, counts):
+        given, coming = sum(s.num_tokens for s in segs), sum(s.num_tokens for s in planned)
+        tail = max(n - given - coming, 0) + 1  # the text after the plan, up to one token past the sequence
+        layouts.append(Layout(_merge_text(list(segs) + list(planned) + [Text(tail)])))
+        rest.append(given + coming + tail - 1 - n)
+    most = max(rest, default=0)
+    out, starts, plans = {}, {}, {}
+    for name, geo in state.geometries.items():
+        placed = []
+        for lay in layouts:
+            try:
+                placed.append(positions(lay, geo.design, **geo.options))
+            except ValueError as e:
+                raise ValueError(f"patched model (design {name!r}): {e}") from None
+        axes = placed[0].shape[1]
+        pos = torch.zeros(axes, batch, length)
+        start, plan = torch.zeros(axes, batch), torch.zeros(axes, batch, most)
+        for b, (p, n, r) in enumerate(zip(placed, counts, rest)):
+            p = p.float() + (state.origin + leading[b])
+            pos[:, b, valid[b]] = p[:n].T
+            plan[:, b, :r] = p[n:n + r].T
+            start[:, b] = p[-1]
+        out[name], starts[name], plans[name] = pos, start, plan
+    return out, starts, plans, torch.tensor(rest, dtype=torch.long)
+
+
 def _padding_shift(state: _State, pos: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``pos`` ``(A, B, L)`` with each row's valid tokens shifted by the padding before its first valid token, on
     families whose stock model counts padding (:attr:`~ropekit.hf.adapters.Adapter.counts_padding`); padding
@@ -505,7 +558,8 @@ def _place_layouts(state: _State, prompt: _Prompt, extra: int,
     return out, valid
 
 
-def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor]) -> _Prompt:
+def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor],
+            plan: Optional[list] = None) -> _Prompt:
     """A fresh sequence as placed: vision tokens without any grid and hidden tokens become text, grid rows of
     hidden images are dropped (as transformers consumes them). ``types``/``mask`` are on the CPU."""
     if grids[0] is None and grids[1] is None:
@@ -518,7 +572,7 @@ def _prompt(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[tor
         types = types.masked_fill(mask == 0, 0)  # hidden tokens are skipped, whatever their kind
     length = types.shape[1]
     counts = torch.full((types.shape[0],), length) if mask is None else mask.sum(dim=1)
-    return _Prompt(types, mask, grids, counts)
+    return _Prompt(types, mask, grids, counts, plan)
 
 
 def text_row(mask: Optional[torch.Tensor], past: Any, batch: int, length: int, device) -> torch.Tensor:
@@ -531,18 +585,30 @@ def text_row(mask: Optional[torch.Tensor], past: Any, batch: int, length: int, d
     return (torch.arange(length, device=device) + past).expand(batch, length)
 
 
-def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device
-          ) -> tuple[torch.Tensor, Continuation]:
+def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device,
+          plan: Optional[list] = None) -> tuple[torch.Tensor, Continuation]:
     """The position tensor ``(R, B, L)`` float32 of a fresh sequence, and where the text after it goes.
 
-    ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts).
+    ``types``/``mask`` are on the CPU; ``grids`` is (image_grid_thw, video_grid_thw, second_per_grid_ts); ``plan``
+    the per-sample layouts of a family whose prompt plans what the model generates (:attr:`_Prompt.plan`).
     Without any grid every token is text, as in transformers (image tokens with no grid are placed as text).
     """
-    prompt = _prompt(state, types, grids, mask)
+    prompt = _prompt(state, types, grids, mask, plan)
     batch, length = types.shape
-    placed = _place(state, prompt, 1)  # the prompt and one text token after it
-    geo = torch.cat([placed[name] for name in state.geometries], dim=0).float()
-    start, geo = geo[:, :, length], geo[:, :, :length]
+    planned = coming = None
+    if plan is not None:
+        placed, starts, plans, planned = _place_planned(state, prompt)
+        geo = torch.cat([placed[name] for name in state.geometries], dim=0)
+        start = torch.cat([starts[name] for name in state.geometries], dim=0)
+        if planned.numel() and int(planned.max()) > 0:
+            coming = torch.cat([plans[name] for name in state.geometries], dim=0).to(device)
+            planned = planned.to(device)
+        else:
+            planned = None
+    else:
+        placed = _place(state, prompt, 1)  # the prompt and one text token after it
+        geo = torch.cat([placed[name] for name in state.geometries], dim=0).float()
+        start, geo = geo[:, :, length], geo[:, :, :length]
     text = text_row(mask, 0, batch, length, "cpu").float()
     if mask is not None:  # padding after a row's last token sits one step before the text that follows it, so
         # generate's rule for the next token (the last position + 1) gives the design's place (right padding)
@@ -552,7 +618,7 @@ def place(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch
         geo = torch.where(trailing[None], start[:, :, None] - 1, geo)
         text = torch.where(trailing, prompt.counts[:, None].float() - 1, text)
     pos = torch.cat([text[None], geo], dim=0).to(device)
-    return pos, Continuation(start.to(device), prompt.counts.to(device), length)
+    return pos, Continuation(start.to(device), prompt.counts.to(device), length, coming, planned)
 
 
 _FEWER = ("patched model: a cached forward gives tokens the cache already holds (fewer cached tokens than the prompt "
@@ -579,7 +645,10 @@ def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch:
         if past < record.length:
             raise ValueError(_FEWER)
         text = torch.arange(past, past + length, dtype=torch.float32, device=device)
-        geo = start.to(device)[:, :, None] + (text - record.length)
+        if record.plan is not None:
+            geo = _planned(record, k, start.to(device), (text - record.length).expand(batch, length))
+        else:
+            geo = start.to(device)[:, :, None] + (text - record.length)
         return torch.cat([text.expand(1, batch, length), geo], dim=0)
     counts = record.counts.repeat_interleave(k) if k > 1 else record.counts
     step = torch.arange(length, device=device)
@@ -592,16 +661,35 @@ def follow(record: Continuation, mask: Optional[torch.Tensor], past: Any, batch:
         after = (past - record.length + step).expand(batch, length)
     if not torch.compiler.is_compiling() and bool(((after < 0) & new).any()):
         raise ValueError(_FEWER)
-    geo = start.to(device)[:, :, None] + after[None].to(torch.float32)
+    if record.plan is not None:
+        geo = _planned(record, k, start.to(device), after.to(torch.float32))
+    else:
+        geo = start.to(device)[:, :, None] + after[None].to(torch.float32)
     geo = geo.masked_fill(~new[None], 0.0)  # padding sits at 0, as in a full pass
     return torch.cat([text[None].float(), geo], dim=0)
 
 
-def index(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device) -> tuple:
+def _planned(record: Continuation, k: int, start: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """Geometry positions ``(R - 1, B, n)`` of the tokens ``after (B, n)`` steps after a prompt that plans what
+    follows it: the planned positions first, then text from ``start``."""
+    plan, planned = record.plan, record.planned
+    if k > 1:
+        plan, planned = plan.repeat_interleave(k, dim=1), planned.repeat_interleave(k)
+    plan, planned = plan.to(start.device), planned.to(start.device)[:, None]
+    at = after.long().clamp(0, plan.shape[2] - 1)
+    taken = plan.gather(2, at[None].expand(plan.shape[0], -1, -1))
+    return torch.where((after < planned)[None], taken, start[:, :, None] + (after - planned)[None])
+
+
+def index(state: _State, types: torch.Tensor, grids: tuple, mask: Optional[torch.Tensor], device,
+          plan: Optional[list] = None) -> tuple:
     """``(positions (A, B, L), rope_deltas (B, 1))`` of a sequence under the first layer's geometry, as
-    transformers' ``get_rope_index`` returns its own."""
-    prompt = _prompt(state, types, grids, mask)
+    transformers' ``get_rope_index`` returns its own (a family whose prompt plans what the model generates returns
+    zero deltas, as its position code does: its decoding reads the plan)."""
+    prompt = _prompt(state, types, grids, mask, plan)
     pos = _place(state, prompt, 0)[state.layer_geometry[0]].to(device)
+    if plan is not None:
+        return pos, torch.zeros(pos.shape[1], 1, dtype=torch.long, device=device)
     return pos, _deltas(pos, prompt, state.adapter.integer_positions)
 
 

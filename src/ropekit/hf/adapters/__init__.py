@@ -10,6 +10,7 @@ from .exaone4_5 import Exaone4_5
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4v import Glm4V, Glm4VMoe, Glm46V
+from .glm_image import GlmImage
 from .glm_ocr import GlmOcr
 from .hy_v4_vl import HYV4VL
 from .idefics3 import Idefics3
@@ -51,6 +52,6 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
     AyaVision(), Cohere2Vision(), QianfanOCR(), Exaone4_5(), Janus(), MiniMaxM3VL(),
     Gemma4(), Llama4(), Lfm2Vl(), Ovis2(), DeepseekVL(), VideoLlama3(), KimiK25(),
     Qwen4Exp(), Cosmos3Edge(), Cosmos3Omni(), CohereCompass(), HYV4VL(), MiniCPMV4_6(), MiniCPMV4_7(), Molmo2(),
-    Step3p7())}
+    Step3p7(), GlmImage())}
 
 __all__ = ["Adapter", "ADAPTERS", "REFUSED"]

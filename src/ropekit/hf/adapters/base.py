@@ -98,6 +98,9 @@ class Adapter:
     #: counts token i at i and its generate does the same): every design's positions of a left-padded row are
     #: shifted by the row's leading padding, as the stock model shifts its own (the shift changes no distance)
     counts_padding: bool = False
+    #: families whose stock forward counts padding (as :attr:`counts_padding`) only when no image grid is given
+    #: (GLM-Image: with grids its position code counts from a row's first valid token)
+    counts_padding_without_images: bool = False
     #: the family's ``prepare_inputs_for_generation`` drops the position ids ``generate`` carries (EXAONE 4.5 sets
     #: them to None and lets its forward count): the patch hands the design's on, sliced to the step's tokens
     generate_drops_positions: bool = False
@@ -173,6 +176,20 @@ class Adapter:
         ``config`` (MiniCPM-V 4.7: ``<image>``, ``</image>``, ``<slice>``, ``</slice>``, newline), or None. With
         markers the prompt is placed per sample from its layout read off the ids (:mod:`ropekit.hf.state`)."""
         return None
+
+    def plan_tokens(self, config: Any) -> Optional[tuple]:
+        """Families whose prompt plans the positions of what the model generates after it (GLM-Image: the image
+        after the prompt's last ``<image_start>``): the ids :meth:`plan_layouts` reads the prompt by, for a bare
+        model's ``config``; None for the other families."""
+        return None
+
+    def plan_layouts(self, tokens: tuple, input_ids: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                     named: dict, batch: int, length: int) -> list:
+        """Families with :meth:`plan_tokens`: per sample, ``(segments, planned)``, the layout segments of its valid
+        tokens up to where the generated part begins (all of them where it plans none) and the segments the model
+        generates from there, read off ``input_ids`` (CPU, ``(B, L)``, or None), ``mask`` (CPU 0/1 or None) and the
+        call's position arguments ``named`` (:meth:`position_arguments`)."""
+        raise NotImplementedError
 
     def merge(self, vision_config: Any) -> int:
         """Patches merged per token side (the grid given to the design is divided by this)."""

@@ -8,14 +8,6 @@ tokens are no grid a design could place (nothing ties a token to a row and colum
 """
 
 REFUSED: dict[str, str] = {
-    "glm_image": (
-        "GLM-Image generates images: the tokens it generates for each target grid (the last rows of "
-        "image_grid_thw) take 2-D raster positions (t = s, h = s + row, w = s + column, the end marker at "
-        "s + max(h, w)), planned at prefill and kept on the model (_cached_decode_position_ids) for the decoding "
-        "steps, while a patched model's decoding continues every row by one step per generated token (the text "
-        "diagonal) and keeps no planned layout with the cache, so a patched generate would misplace the image it "
-        "generates; its get_rope_index also finds images by their start and end ids and takes no mm_token_type_ids"
-    ),
     "hunyuan_vl": (
         "HunYuan-VL's XD-RoPE has no ropekit counterpart: transformers' HunYuanVLRotaryEmbedding cuts the "
         "channel-doubled cos/sin table into 2 * mrope_section[i] channels per axis, so on an image token the two "
