@@ -18,6 +18,10 @@ EOS, START, END, IMAGE, VIDEO = (VOCAB[t] for t in ("<|endoftext|>", "<|vision_s
 GLM_SPECIAL = ["<|endoftext|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>",
                "<|end_of_video|>", "<|video|>", "<unk>"]
 GLM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(10)] + GLM_SPECIAL)}
+# Idefics3: its markers, and a tag per tile of a split image (at most 2 x 2 tiles below)
+IDEFICS_SPECIAL = ["<|endoftext|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
+    f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)] + ["<unk>"]
+IDEFICS_VOCAB = {w: i for i, w in enumerate(WORDS + IDEFICS_SPECIAL)}
 TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
@@ -126,6 +130,12 @@ def config(family: str):
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=[56, 56], patch_size=[14, 14]),
             image_token_id=VOCAB["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5)
+    if family == "idefics3":  # tiles of 56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens
+        return tf.Idefics3Config(
+            text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=56, patch_size=14),
+            image_token_id=IDEFICS_VOCAB["<image>"], scale_factor=2)
     raise ValueError(family)
 
 
@@ -162,6 +172,11 @@ def _processor(family: str):
     if family == "mistral3":
         image = tf.PixtralImageProcessor(size={"longest_edge": 112}, patch_size=14)
         return tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=14, spatial_merge_size=2)
+    if family == "idefics3":  # an image of up to 112 pixels per side: up to 2 x 2 tiles, and the whole image
+        image = tf.Idefics3ImageProcessor(size={"longest_edge": 112}, max_image_size={"longest_edge": 56},
+                                          do_image_splitting=True)
+        return tf.Idefics3Processor(image_processor=image, tokenizer=_tokenizer(IDEFICS_VOCAB, IDEFICS_SPECIAL),
+                                    image_seq_len=4)
     if family == "internvl":
         tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
                                     context_image_token="<IMG_CONTEXT>", video_token="<video>"))
@@ -188,7 +203,7 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
            "mistral3": "Mistral3ForConditionalGeneration", "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
            "glm4v_moe": "Glm4vMoeForConditionalGeneration",
-           "internvl": "InternVLForConditionalGeneration"}
+           "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration"}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

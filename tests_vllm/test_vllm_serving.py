@@ -68,9 +68,12 @@ MODELS = {
     "mistral3-circle-age": ("mistral3", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
     # tiles (and a thumbnail) of an image, each a grid of its own; a Qwen2 language model
     "internvl-circle-age": ("internvl", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # split images: tiles with their row/column tags, then the whole image, each a grid of its own
+    "idefics3-circle-age": ("idefics3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>"}
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
+                "idefics3": "<image>"}
 
 
 def _requests(name):

@@ -23,6 +23,7 @@ ONE_D = {
     "LlavaNextForConditionalGeneration": "llava_next",
     "Mistral3ForConditionalGeneration": "mistral3",
     "InternVLForConditionalGeneration": "internvl",
+    "Idefics3ForConditionalGeneration": "idefics3",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -245,6 +245,10 @@ class _Placement:
             at += axes
         self.rows = at
 
+    def text_model(self, model: nn.Module) -> nn.Module:
+        """vLLM's decoder (the module holding ``layers``) in the family's vLLM model ``model``."""
+        return model.language_model.model
+
     def place(self, input_tokens: list[int], mm_features: list) -> tuple[np.ndarray, np.ndarray]:
         """Float positions ``(rows, L)`` of every geometry for a prompt, and ``(rows,)`` where its text continues."""
         from ...hf import hooks
@@ -364,7 +368,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
             from ...hf import state as hfstate
 
             state = placement.state
-            text = self.language_model.model
+            text = placement.text_model(self)
             geometries, factor = hfstate.rotary(state, None)
             layers = list(text.layers)
             if len(layers) != len(state.layer_geometry):

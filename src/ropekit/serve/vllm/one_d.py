@@ -93,10 +93,14 @@ class OneDPlacement(_Placement):
             # the family's adapter takes image tokens as images when the forward is given images; which pixels
             # does not matter to the placement (each image's grid comes from the vision config and the fields
             # above), so none are made
-            given["pixel_values"] = torch.empty((len(images), 0), device="meta")
+            given["pixel_values"] = self.pixels(len(images))
             given.update({name: torch.stack(values) for name, values in fields.items()})
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+    def pixels(self, count: int) -> torch.Tensor:
+        """A stand-in for the pixels of ``count`` images (on the meta device: nothing is allocated)."""
+        return torch.empty((count, 0), device="meta")
 
     def image_fields(self, feature: Any, where: str) -> dict:
         """What the adapter reads of one image (``fields``), from vLLM's multimodal feature of it."""
@@ -180,7 +184,19 @@ class Mistral3Placement(OneDPlacement):
         return {"image_sizes": torch.tensor([rows * step, cols * step])}
 
 
-_PLACEMENTS = {"llava_next": LlavaNextPlacement, "mistral3": Mistral3Placement}
+class Idefics3Placement(OneDPlacement):
+    """Idefics3: the adapter checks that the tiles are of the vision config's size (as the processor makes them and
+    vLLM hands them to the tower), so the stand-in tiles have that size."""
+
+    def text_model(self, model: Any) -> Any:
+        return model.model.text_model  # vLLM's Idefics3 keeps its Llama decoder there
+
+    def pixels(self, count: int) -> torch.Tensor:
+        size = int(self.inner.config.vision_config.image_size)
+        return torch.empty((count, 1, 3, size, size), device="meta")
+
+
+_PLACEMENTS = {"llava_next": LlavaNextPlacement, "mistral3": Mistral3Placement, "idefics3": Idefics3Placement}
 
 
 def placement(arch: str) -> type:
