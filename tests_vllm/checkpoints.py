@@ -44,7 +44,7 @@ def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
 
 
 def _ids(family: str) -> dict:
-    if family.startswith("glm4v"):
+    if family.startswith("glm"):
         names = ("image_token_id", "image_start_token_id", "image_end_token_id", "video_token_id",
                  "video_start_token_id", "video_end_token_id")
         tokens = ("<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>", "<|begin_of_video|>",
@@ -54,7 +54,7 @@ def _ids(family: str) -> dict:
 
 
 def eos(family: str) -> int:
-    return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm4v") else EOS
+    return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
 def config(family: str):
@@ -86,6 +86,16 @@ def config(family: str):
         glm = dict(rope, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)
         return tf.Glm4vConfig(
             text_config=dict(TEXT, rope_parameters=glm, eos_token_id=eos(family), pad_token_id=eos(family)),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
+            **_ids(family))
+    if family == "glm_ocr":  # GLM-4.1V's text model and positions, its own vision tower
+        glm = dict(rope, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)
+        # vLLM sizes the vision merger by the text model's intermediate_size, transformers by 3 * out_hidden_size
+        # (equal in the released checkpoint)
+        return tf.GlmOcrConfig(
+            text_config=dict(TEXT, intermediate_size=3 * 64, rope_parameters=glm, eos_token_id=eos(family),
+                             pad_token_id=eos(family)),
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
             **_ids(family))
@@ -150,7 +160,7 @@ MOE = {
 def _processor(family: str):
     import transformers as tf
 
-    if family.startswith("glm4v"):
+    if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
         image = tf.Glm4vImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size)
@@ -201,9 +211,11 @@ def _processor(family: str):
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
-           "mistral3": "Mistral3ForConditionalGeneration", "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-           "glm4v_moe": "Glm4vMoeForConditionalGeneration",
+           "mistral3": "Mistral3ForConditionalGeneration",
            "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration"}
+
+CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
+               glm_ocr="GlmOcrForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -42,7 +42,7 @@ def _video(seed, frames, h, w):
 
 #: (image, video) placeholders of a prompt, by family
 MARKERS = {"qwen": ("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"),
-           "glm4v": ("<|begin_of_image|><|image|><|end_of_image|>", "<|begin_of_video|><|video|><|end_of_video|>")}
+           "glm": ("<|begin_of_image|><|image|><|end_of_image|>", "<|begin_of_video|><|video|><|end_of_video|>")}
 TEXT = " ".join(f"w{i}" for i in range(3, 40))  # long enough that a prompt spans two KV blocks (prefix caching)
 
 # (checkpoint family, design, patch keywords, image size, video shape (None: the family takes no video))
@@ -58,6 +58,8 @@ MODELS = {
     "glm4v-circle-age": ("glm4v", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
     # GLM-4.5V: rotate-half pairs over half of the head, experts
     "glm4v_moe-circle": ("glm4v_moe", "circle", {}, (56, 84), (4, 56, 56)),
+    # GLM-OCR: GLM-4.1V's text model and prompts, its own vision tower
+    "glm_ocr-compact": ("glm_ocr", "compact", {}, (56, 84), (4, 56, 56)),
     # a 1-D family: AGE with Circle-RoPE (float image coordinates) and vanilla, the family's own 1-D positions
     "llava-circle-age": ("llava", ("circle", "vanilla"), dict(age="alternate"), (40, 60), None),
     # vanilla everywhere: the stock model's positions, so vLLM's stock log-probabilities
@@ -85,7 +87,7 @@ def _requests(name):
             (f"w7 {img} {TEXT} w8", {"image": [_image(3, w, w)]}),
         ]
     t, vh, vw = video
-    IMG, VID = MARKERS["glm4v" if family.startswith("glm4v") else "qwen"]
+    IMG, VID = MARKERS["glm" if family.startswith("glm") else "qwen"]
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),
