@@ -252,16 +252,18 @@ def test_every_design_places_its_positions(model):
     """Every design runs over generated sequences (the prompt, the planned image's tokens, its end marker and more
     text) and every layer rotates with ``ropekit.positions`` of the layout: the generated grids placed as the design
     places an image of that size."""
-    batches = [make_batch(T2I, generated=PLANNED[0] + 2), make_batch(I2I, seed=1, generated=PLANNED[1] + 2)]
+    # a text-to-image and an image-to-image sample side by side (plans of 10 and 6 tokens, then text); the source
+    # image as its VQ ids, without pixels (the stock vision path takes every sample's last row alone as its target)
+    inputs, layouts = make_batch([T2I[0], I2I[1]], generated=PLANNED[0] + 2)
+    inputs.pop("pixel_values")
+    keep = inputs["attention_mask"].bool()
     for design in DESIGNS:
         patch_model(model, design)
-        for inputs, layouts in batches:
-            keep = inputs["attention_mask"].bool()
-            out = _logits(model, inputs)
-            assert torch.isfinite(out[keep]).all(), design
-            want = reference_positions(inputs, layouts, design)
-            for p in last_positions(model).values():
-                assert torch.equal(p[:, keep], want[:, keep]), design
+        out = _logits(model, inputs)
+        assert torch.isfinite(out[keep]).all(), design
+        want = reference_positions(inputs, layouts, design)
+        for p in last_positions(model).values():
+            assert torch.equal(p[:, keep], want[:, keep]), design
 
 
 @pytest.mark.parametrize("age", [None, "alternate"])
@@ -352,8 +354,9 @@ def test_save_pretrained_and_reload_restore_the_patch(model, tmp_path):
 
 def test_what_cannot_be_placed_is_refused(model):
     """Target grids without the closing <image_start> (where the generated image begins is then unknown), markers out
-    of the processor's order, and multi-frame grids are refused by name; without grids the markers are text, as in
-    the stock model."""
+    of the processor's order, a source image of another size than its grid, a last image that could be a source or
+    the generated one, and multi-frame grids are refused by name; without grids the markers are text, as in the stock
+    model."""
     patch_model(model, "circle")
     inputs, _ = make_batch(T2I[:1])
     no_start = dict(inputs, input_ids=inputs["input_ids"].masked_fill(inputs["input_ids"] == START, 5))
@@ -364,6 +367,15 @@ def test_what_cannot_be_placed_is_refused(model):
     swapped = dict(inputs, input_ids=torch.cat([torch.tensor([[END]]), inputs["input_ids"][:, 1:]], 1))
     with pytest.raises(ValueError, match=r"do not alternate"):
         _logits(model, swapped)
+    source, _ = make_batch(I2I[:1], seed=1)
+    source.pop("pixel_values")
+    wrong = dict(source, image_grid_thw=torch.tensor([[1, 1, 3], [1, 2, 3]]))  # its source image holds 2 x 2 tokens
+    with pytest.raises(ValueError, match=r"source image 0 has 4 tokens but its image_grid_thw row \[1, 1, 3\]"):
+        _logits(model, wrong)
+    closed = dict(inputs, input_ids=torch.cat([inputs["input_ids"], torch.tensor([[1] * 6 + [END]])], 1),
+                  attention_mask=torch.ones(1, inputs["input_ids"].shape[1] + 7, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"closed after the tokens of image_grid_thw row \[1, 2, 3\], with more"):
+        _logits(model, closed)  # a 2 x 3 source image, or the generated image cut short?
     frames = dict(inputs, image_grid_thw=torch.tensor([[2, 2, 3], [1, 2, 2]]))
     with pytest.raises(ValueError, match=r"more than one temporal patch"):
         _logits(model, frames)
