@@ -22,6 +22,11 @@ GLM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(10)] + GL
 IDEFICS_SPECIAL = ["<|endoftext|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
     f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)] + ["<unk>"]
 IDEFICS_VOCAB = {w: i for i, w in enumerate(WORDS + IDEFICS_SPECIAL)}
+# Gemma 3: an image is <start_of_image>, its pooled grid of <image_soft_token>, <end_of_image>; newline tokens
+# (its processor puts "\n\n" around an image, and vLLM's Gemma 3 joins runs of newline tokens as Gemma's tokenizer does)
+GEMMA_SPECIAL = ["<|endoftext|>", "<start_of_image>", "<end_of_image>", "<image_soft_token>", "\n", "\n\n", "\n\n\n",
+                 "\n\n\n\n", "<unk>"]
+GEMMA_VOCAB = {w: i for i, w in enumerate(WORDS + GEMMA_SPECIAL)}
 TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
@@ -146,6 +151,17 @@ def config(family: str):
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=56, patch_size=14),
             image_token_id=IDEFICS_VOCAB["<image>"], scale_factor=2)
+    if family == "gemma3":  # a sliding-window layer (base 1e4) and a global one (base 1e6, linear scaling)
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+        return tf.Gemma3Config(
+            text_config=dict(TEXT, eos_token_id=EOS, bos_token_id=EOS, pad_token_id=EOS, rope_parameters=rope,
+                             layer_types=["sliding_attention", "full_attention"], sliding_window=512,
+                             query_pre_attn_scalar=32),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=56, patch_size=14),
+            mm_tokens_per_image=4, image_token_index=GEMMA_VOCAB["<image_soft_token>"],
+            boi_token_index=GEMMA_VOCAB["<start_of_image>"], eoi_token_index=GEMMA_VOCAB["<end_of_image>"])
     raise ValueError(family)
 
 
@@ -187,6 +203,11 @@ def _processor(family: str):
                                           do_image_splitting=True)
         return tf.Idefics3Processor(image_processor=image, tokenizer=_tokenizer(IDEFICS_VOCAB, IDEFICS_SPECIAL),
                                     image_seq_len=4)
+    if family == "gemma3":  # no pan and scan: an image is one 56 x 56 view
+        tok = _tokenizer(GEMMA_VOCAB, GEMMA_SPECIAL, named=dict(boi_token="<start_of_image>", eoi_token="<end_of_image>",
+                                                                image_token="<image_soft_token>"))
+        image = tf.Gemma3ImageProcessor(size={"height": 56, "width": 56}, do_pan_and_scan=False)
+        return tf.Gemma3Processor(image_processor=image, tokenizer=tok, image_seq_length=4)
     if family == "internvl":
         tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
                                     context_image_token="<IMG_CONTEXT>", video_token="<video>"))
@@ -212,7 +233,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "qwen3_vl": "Qwen3VLForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
            "mistral3": "Mistral3ForConditionalGeneration",
-           "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration"}
+           "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
+           "gemma3": "Gemma3ForConditionalGeneration"}
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration")

@@ -72,10 +72,16 @@ MODELS = {
     "internvl-circle-age": ("internvl", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # split images: tiles with their row/column tags, then the whole image, each a grid of its own
     "idefics3-circle-age": ("idefics3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # two rotary tables: a sliding-window layer (base 1e4) and a global one (base 1e6, linear scaling)
+    "gemma3-circle-age": ("gemma3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
 }
 #: the placeholder of one image in a prompt, by family
 IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
-                "idefics3": "<image>"}
+                "idefics3": "<image>", "gemma3": "<start_of_image>"}
+#: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
+#: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
+#: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions
+CAUSAL_ON_CPU = {"gemma3"}
 
 
 def _requests(name):
@@ -138,6 +144,8 @@ def _hf_logprobs(model, processor, prompt, mm, extra=()):
         extra_kw = dict(video_metadata=[{k: m[k] for k in keep} for _, m in videos], do_sample_frames=False)
         videos = [v for v, _ in videos]
     inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw)
+    if model.config.model_type in CAUSAL_ON_CPU:
+        inputs.pop("token_type_ids")
     ids = inputs["input_ids"]
     if extra:
         tail = torch.tensor([list(extra)])

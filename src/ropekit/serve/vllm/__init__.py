@@ -25,6 +25,7 @@ ONE_D = {
     "Mistral3ForConditionalGeneration": "mistral3",
     "InternVLForConditionalGeneration": "internvl",
     "Idefics3ForConditionalGeneration": "idefics3",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -219,6 +219,7 @@ class _Placement:
         import transformers
 
         from ...hf import patch as hfpatch
+        from ...hf import state as hfstate
 
         config = copy.deepcopy(hf_config)
         with torch.device("meta"):
@@ -231,9 +232,17 @@ class _Placement:
         where = f"ropekit vLLM plugin ({arch})"
         if state.layout not in _Rotary.LAYOUTS or state.complex_tables:
             raise ValueError(f"{where}: the family's rotary layout {state.layout!r} is not served")
+        # the rotary table of each decoder layer: None where one table serves every layer; else the layer's key in
+        # ``state.variants`` (Gemma 3: its layer type, each type with its own base), as the patched model reads them
+        self.layer_tables: list = [None] * len(state.layer_geometry)
         if state.variants:
-            raise ValueError(f"{where}: models with several rotary tables are not served")
-        for name, geo in state.geometries.items():
+            found = state.adapter.rope_variants(hfpatch._parts(model)[2])
+            self.layer_tables = list(found[1]) if found is not None else []
+            if len(self.layer_tables) != len(state.layer_geometry) or not set(self.layer_tables) <= set(state.variants):
+                raise ValueError(f"{where}: the rotary tables of the decoder layers ({self.layer_tables}) are not the "
+                                 f"patch's ({sorted(state.variants)})")
+        tables = [hfstate.rotary(state, key)[0] for key in dict.fromkeys(self.layer_tables)]
+        for name, geo in [item for geometries in tables for item in geometries.items()]:
             if geo.scaling is not None:
                 raise ValueError(
                     f"{where}: geometry {name!r} uses rope scaling {geo.scaling.rope_type!r}, whose frequencies follow "
@@ -369,7 +378,6 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
 
             state = placement.state
             text = placement.text_model(self)
-            geometries, factor = hfstate.rotary(state, None)
             layers = list(text.layers)
             if len(layers) != len(state.layer_geometry):
                 raise ValueError(
@@ -377,10 +385,11 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                     f"{len(state.layer_geometry)}"
                 )
             replaced = 0
-            for layer, name in zip(layers, state.layer_geometry):
+            for layer, name, table in zip(layers, state.layer_geometry, placement.layer_tables):
                 attn = getattr(layer, "self_attn", None)
                 if attn is None:  # another pipeline stage's layer
                     continue
+                geometries, factor = hfstate.rotary(state, table)
                 first, axes = placement.offsets[name]
                 W = geometries[name].W
                 head_size = int(getattr(attn, "head_dim", 0) or vllm_config.model_config.get_head_size())
