@@ -36,6 +36,12 @@ LLAVA_SIDE = 4  # image tokens per side of a LLaVA image: image_size 56 / patch_
 LLAVA_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
 
 
+# PaddleOCR-VL: its own markers, the image token named on the tokenizer
+PADDLE_SPECIAL = ["<|endoftext|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|video_pad|>",
+                  "<unk>"]
+PADDLE_VOCAB = {w: i for i, w in enumerate(WORDS + PADDLE_SPECIAL)}
+
+
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -59,6 +65,8 @@ def _ids(family: str) -> dict:
 
 
 def eos(family: str) -> int:
+    if family == "paddleocr_vl":
+        return PADDLE_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -104,6 +112,14 @@ def config(family: str):
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=14, temporal_patch_size=2, image_size=56),
             **_ids(family))
+    if family == "paddleocr_vl":
+        return tf.PaddleOCRVLConfig(
+            text_config=dict(TEXT, rope_parameters=rope, eos_token_id=eos(family), bos_token_id=eos(family),
+                             pad_token_id=eos(family), use_bias=False),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               patch_size=14, image_size=56, spatial_merge_size=2),
+            image_token_id=PADDLE_VOCAB["<|IMAGE_PLACEHOLDER|>"], video_token_id=PADDLE_VOCAB["<|video_pad|>"],
+            vision_start_token_id=PADDLE_VOCAB["<|IMAGE_START|>"], vision_end_token_id=PADDLE_VOCAB["<|IMAGE_END|>"])
     if family == "qwen3_vl_moe":
         return tf.Qwen3VLMoeConfig(
             text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS,
@@ -176,6 +192,11 @@ MOE = {
 def _processor(family: str):
     import transformers as tf
 
+    if family == "paddleocr_vl":
+        tok = _tokenizer(PADDLE_VOCAB, PADDLE_SPECIAL, named={"image_token": "<|IMAGE_PLACEHOLDER|>"})
+        image = tf.PaddleOCRVLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=1,
+                                             size={"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64})
+        return tf.PaddleOCRVLProcessor(image_processor=image, tokenizer=tok)
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -237,7 +258,7 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "gemma3": "Gemma3ForConditionalGeneration"}
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
-               glm_ocr="GlmOcrForConditionalGeneration")
+               glm_ocr="GlmOcrForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

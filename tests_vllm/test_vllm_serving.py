@@ -60,6 +60,9 @@ MODELS = {
     "glm4v_moe-circle": ("glm4v_moe", "circle", {}, (56, 84), (4, 56, 56)),
     # GLM-OCR: GLM-4.1V's text model and prompts, its own vision tower
     "glm_ocr-compact": ("glm_ocr", "compact", {}, (56, 84), (4, 56, 56)),
+    # PaddleOCR-VL: images only; square images of the vision tower's own grid (see docs/serving.md, "Known
+    # differences")
+    "paddleocr_vl-circle": ("paddleocr_vl", "circle", {}, (56, 56), None),
     # a 1-D family: AGE with Circle-RoPE (float image coordinates) and vanilla, the family's own 1-D positions
     "llava-circle-age": ("llava", ("circle", "vanilla"), dict(age="alternate"), (40, 60), None),
     # vanilla everywhere: the stock model's positions, so vLLM's stock log-probabilities
@@ -82,6 +85,7 @@ IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]"
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions
 CAUSAL_ON_CPU = {"gemma3"}
+IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 
 
 def _requests(name):
