@@ -4,7 +4,8 @@ transformers 5.23 renamed ``gradient_checkpointing_enable/disable`` to ``activat
 disable`` (and their ``gradient_checkpointing_kwargs`` argument); the tests use whichever the installed
 release has, so the same checks run at the oldest supported release and the newest. The checkpointed-training
 check every family runs lives here once too, built on them, with the two model helpers every family's
-fixtures share (a tiny random model set up to generate; a model restored after a test).
+fixtures share (a tiny random model set up to generate; a model restored after a test), and the per-sample
+reference the packing tests compare a packed row with.
 """
 import re
 
@@ -97,3 +98,17 @@ def assert_refused_by_name(model, name: str, design: str = "vanilla", **options)
         assert ", ".join(supported_models()) in str(err.value) and "docs/hf.md" in str(err.value)
         assert not is_patched(target)
     assert not any(type(v).__name__ == "Hook" for m in model.modules() for v in m.__dict__.values())
+
+
+def runs_alone(model, samples):
+    """Each of ``samples`` (one-sample inputs) run alone: the logits concatenated along the tokens, and the
+    samples' summed next-token losses (a packed row's reference)."""
+    import torch
+
+    logits, losses = [], []
+    with torch.no_grad():
+        for s in samples:
+            out = model(**s).logits[0]
+            logits.append(out)
+            losses.append(torch.nn.functional.cross_entropy(out[:-1], s["input_ids"][0, 1:], reduction="sum"))
+    return torch.cat(logits), torch.stack(losses).sum()

@@ -18,7 +18,7 @@ import transformers as T
 import ropekit.hf
 
 import test_hf_families_1d as base
-from hf_compat import restore
+from hf_compat import restore, runs_alone
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, patch_model
 from test_hf_families_1d import _unpatched_after, family_fixture  # noqa: F401  (autouse: unpatch after each test)
@@ -147,17 +147,6 @@ def _video_sample(g):
                 target_sizes_videos=sizes)
 
 
-def _runs_alone(model, samples):
-    """Each sample's logits run alone, and its summed next-token loss."""
-    logits, losses = [], []
-    with torch.no_grad():
-        for s in samples:
-            out = model(**s).logits[0]
-            logits.append(out)
-            losses.append(torch.nn.functional.cross_entropy(out[:-1], s["input_ids"][0, 1:], reduction="sum"))
-    return torch.cat(logits), torch.stack(losses).sum()
-
-
 @pytest.mark.parametrize("patch", [dict(design="vanilla"), dict(design=("circle", "mrope"), age="alternate")],
                          ids=["stock-equivalent", "circle-mrope-age"])
 def test_minicpmv4_6_packed_rows_equal_per_sample_runs(patch):
@@ -167,9 +156,9 @@ def test_minicpmv4_6_packed_rows_equal_per_sample_runs(patch):
     the loss equal its own run: the stock model's for ``vanilla``, the patched model's for an AGE patch."""
     model = _seeded(_minicpmv4_6)
     samples = base._one_sample_batches("minicpmv4_6") + [_video_sample(torch.Generator().manual_seed(5))]
-    stock = _runs_alone(model, samples)
+    stock = runs_alone(model, samples)
     patch_model(model, **patch)
-    want, want_loss = stock if patch["design"] == "vanilla" else _runs_alone(model, samples)
+    want, want_loss = stock if patch["design"] == "vanilla" else runs_alone(model, samples)
     row = ropekit.hf.PackingCollator(model)(samples)
     assert row["pixel_values"].shape[:3] == (1, 3, 2) and row["target_sizes"].shape == (5, 2)
     with torch.no_grad():
