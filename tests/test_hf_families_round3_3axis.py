@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as T
 
-from hf_compat import ready_to_generate, restore
+from hf_compat import ready_to_generate, restore, runs_alone
 from test_hf_families_3axis import DESIGNS, IMG, PAD, QWEN_VISION, TEXT, VID, Family, _seeded
 from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here on this file's `fam`)
     test_cached_generation_equals_a_teacher_forced_forward, test_checkpointed_training_step,
@@ -255,10 +255,15 @@ def test_hunyuan_vl_output_of_a_sample_depends_on_the_samples_before_it():
 # written by hand there and checked against transformers' get_rope_index.
 
 
-def _minicpm(mode="16x"):
+def _minicpm(mode="16x", layers=None):
+    """``layers``: the text model's layer types (test_canvas_mrope's config: a linear-attention layer, then full
+    attention), and the tower's window merger after its first layer so that pixels run in ``"16x"`` mode."""
     import test_canvas_mrope as C
     cfg = C._config(T.MiniCPMV4_7Config, image_start_id=C.IS, image_end_id=C.IE, slice_start_id=C.SS,
-                    slice_end_id=C.SE, newline_id=C.NL, downsample_mode=mode)
+                    slice_end_id=C.SE, newline_id=C.NL, downsample_mode=mode,
+                    **({} if layers is None else dict(insert_layer_id=0)))
+    if layers is not None:
+        cfg.text_config.layer_types = list(layers)
     torch.manual_seed(0)
     return ready_to_generate(T.MiniCPMV4_7ForConditionalGeneration(cfg), C.PAD, [C.IMG, C.VID, *C.MARKERS])
 
@@ -372,3 +377,115 @@ def test_minicpmv4_7_save_reload_and_refusals(tmp_path):
         with pytest.raises(ValueError, match="downsample_mode='4x'"):
             model(**inputs, downsample_mode="4x")
 
+
+def _minicpm_sample(parts, g, merge):
+    """One sample as the processor gives it alone (``parts`` as test_canvas_mrope's ``batch`` takes them, crops
+    ``merge`` patches a token side): its crops' pixels one NaViT-packed row (4 x 4-pixel patches), a size row each."""
+    import test_canvas_mrope as C
+    b = C.batch([parts])
+    out = {k: b[k] for k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    for sizes, pixels in (("target_sizes", "pixel_values"), ("target_sizes_videos", "pixel_values_videos")):
+        if b[sizes] is not None:
+            out[sizes], out[pixels] = b[sizes], torch.rand(1, 3, 4, 4 * int(b[sizes].prod(1).sum()), generator=g)
+    return out
+
+
+def _minicpm_pack_samples(merge=2):
+    """A picture with 1 x 2 slices and a trailing newline (after an ``<image_id>``), two small pictures of one size
+    (other pixels, other text), a two-frame video."""
+    import test_canvas_mrope as C
+    g = torch.Generator().manual_seed(0)
+    image = lambda *a: C.frame("image", *a, merge=merge)  # noqa: E731
+    video = C.frame("video", (2, 3), merge=merge)
+    return [_minicpm_sample(parts, g, merge) for parts in (
+        [[1, 2, C.IDS, 3, C.IDE], image((2, 3), (1, 2), [(1, 2)]), [C.NL, 6, 7]],
+        [[9, 10], image((2, 2)), [11, 12]], [[13], image((2, 2)), [14, 15, 16]], [[5], video, video, [8]])]
+
+
+@pytest.mark.parametrize("patch", [dict(design="canvas-mrope"), dict(design=("circle", "canvas-mrope"),
+                                                                      age="alternate")],
+                         ids=["stock-equivalent", "circle-canvas-age"])
+def test_minicpmv4_7_packed_rows_equal_per_sample_runs(patch):
+    """Samples packed into one padding-free row (``PackingCollator``), on a text model of full-attention layers: each
+    as the processor gives it alone (its crops one NaViT-packed pixel row). The row joins the pixel rows along the
+    patches and the size rows in sample order; each sample keeps its own canvas (the row's positions are
+    transformers' ``get_rope_index`` of each sample alone, the text row restarting at 0), and its logits and the loss
+    equal its own run: the stock model's for ``canvas-mrope``, the patched model's for an AGE patch. Exchanging the
+    pixels of the two same-sized pictures in the row changes their tokens' logits (the row reads each sample's own)."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    model = _minicpm("4x", layers=["full_attention"] * 2)
+    samples = _minicpm_pack_samples()
+    stock = patch["design"] == "canvas-mrope"
+    if stock:
+        want, want_loss = runs_alone(model, samples)
+        with torch.no_grad():
+            canvases = [model.model.get_rope_index(**{k: v for k, v in s.items() if "pixel" not in k})[0][:, 0]
+                        for s in samples]  # (3, L) each: the stock canvas positions of each sample alone
+    patch_model(model, **patch)
+    if not stock:
+        want, want_loss = runs_alone(model, samples)
+    row = ropekit.hf.PackingCollator(model)(samples)
+    assert row["pixel_values"].shape[:3] == (1, 3, 4) and row["target_sizes"].shape == (5, 2)
+    if stock:
+        assert torch.equal(row["position_ids"][0, 0], torch.cat([torch.arange(c.shape[1]) for c in canvases]).float())
+        assert torch.equal(row["position_ids"][1:, 0], torch.cat(canvases, 1).float())
+    with torch.no_grad():
+        out = model(**row)
+    torch.testing.assert_close(out.logits[0], want, rtol=1e-5, atol=1e-5)
+    tokens = sum(s["input_ids"].shape[1] - 1 for s in samples)  # every sample's first token predicts nothing
+    torch.testing.assert_close(out.loss, want_loss / tokens, rtol=1e-5, atol=1e-6)
+    parts = list(row["pixel_values"].split([s["pixel_values"].shape[-1] for s in samples if "pixel_values" in s], -1))
+    parts[1], parts[2] = parts[2], parts[1]
+    with torch.no_grad():
+        other = model(**dict(row, pixel_values=torch.cat(parts, -1))).logits[0]
+    pictures = slice(samples[0]["input_ids"].shape[1], sum(samples[i]["input_ids"].shape[1] for i in range(3)))
+    assert (other[pictures] - want[pictures]).abs().max() > 1e-2
+    restore(model)
+
+
+def test_minicpmv4_7_packs_16x_crops_of_several_sizes():
+    """``"16x"`` (the tower's window merger on): two samples, each one crop, 4 x 8 and 8 x 4 patches, packed into one
+    row equal their own runs, on transformers 5.18 as on 5.24: MiniCPM-V 4.7's window merger takes each crop's own
+    size (4.6's reads every crop of a call as the first one's on 5.18, where such a row is refused)."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    import test_canvas_mrope as C
+    model = _minicpm("16x", layers=["full_attention"] * 2)
+    g = torch.Generator().manual_seed(6)
+    samples = [_minicpm_sample([[5], C.frame("image", grid), [7]], g, 4) for grid in ((1, 2), (2, 1))]
+    merger = model.model.vision_tower.vit_merger
+    x, sizes = torch.randn(1, 64, merger.embed_dim, generator=g), torch.tensor([[4, 8], [8, 4]])
+    patch_model(model, "circle")
+    with torch.no_grad():
+        apart = torch.cat([merger(x[:, :32], sizes[:1]), merger(x[:, 32:], sizes[1:])], 1)
+        torch.testing.assert_close(merger(x, sizes), apart, rtol=1e-5, atol=1e-5)  # the stock merger, both crops
+        alone = torch.cat([model(**s).logits[0] for s in samples])
+        packed = model(**ropekit.hf.pack(model, samples)).logits[0]
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    restore(model)
+
+
+def test_minicpmv4_7_pack_refusals():
+    """As on MiniCPM-V 4.6 and Qwen3.5: a text model with linear-attention layers (as the checkpoints are built)
+    refuses a packed row by the layer type, under flash attention too (tests/test_hf_families_round3_minicpm46.py
+    shows the stock layer reading across the boundary). ``pack`` refuses a per-call ``downsample_mode`` (the patch
+    places the crops with the config's) and pixels that are not one NaViT-packed row per sample."""
+    _needs("MiniCPMV4_7ForConditionalGeneration")
+    model = _minicpm("4x", layers=["linear_attention", "full_attention"])
+    samples = _minicpm_pack_samples()[1:3]
+    patch_model(model, "canvas-mrope")
+    with torch.no_grad(), pytest.raises(ValueError, match=r"packed rows are not supported with attention layer "
+                                                        r"types \['linear_attention'\]"):
+        model(**ropekit.hf.pack(model, samples))
+    text = model.model.language_model
+    text.config._attn_implementation = "flash_attention_2"  # refused before any attention runs
+    try:
+        with torch.no_grad(), pytest.raises(ValueError, match=r"types \['linear_attention'\]"):
+            model(**ropekit.hf.pack(model, samples, return_flash_attn_kwargs=True))
+    finally:
+        text.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="got downsample_mode='16x' for this call"):
+        ropekit.hf.pack(model, [dict(s, downsample_mode="16x") for s in samples])
+    two_rows = dict(samples[0], pixel_values=samples[0]["pixel_values"].expand(2, -1, -1, -1))
+    with pytest.raises(ValueError, match="`pixel_values` have shapes"):
+        ropekit.hf.pack(model, [two_rows, samples[1]])
+    restore(model)

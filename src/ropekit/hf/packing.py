@@ -5,7 +5,7 @@ the position tensor's text row restarts at 0 for each sample, which is what tran
 off (a block-diagonal mask for ``sdpa`` and ``eager``, variable-length attention for flash attention), and every
 geometry row holds the sample's own positions. Images, videos and their grids follow in sample order, as the
 model fills its image tokens: stacked along their first dimension, or, for a family whose processor lays every crop
-of a batch out as one NaViT-packed row (MiniCPM-V 4.6), joined along their last (the adapter's ``pack_layout``).
+of a batch out as one NaViT-packed row (MiniCPM-V 4.6 and 4.7), joined along their last (the adapter's ``pack_layout``).
 :class:`PackingCollator` is the same as a data collator for ``Trainer``.
 """
 from __future__ import annotations

@@ -116,8 +116,8 @@ class Adapter:
 
     #: inputs :func:`ropekit.hf.pack` lays out for this family beyond (or otherwise than) the common ones, by name:
     #: ``"last"`` joins the samples' along the last dimension (one NaViT-packed row ``(1, …, patches)``, MiniCPM-V
-    #: 4.6's pixels), ``"first"`` stacks them along the first (one row per crop), ``"shared"`` is one value every
-    #: sample gives alike (or none gives)
+    #: 4.6's and 4.7's pixels), ``"first"`` stacks them along the first (one row per crop), ``"shared"`` is one value
+    #: every sample gives alike (or none gives)
     pack_layout: dict = {}
 
     #: every merged row of an image or video frame ends with one extra (newline) token, which the family's position

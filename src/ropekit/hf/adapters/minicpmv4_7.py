@@ -11,6 +11,12 @@ Crop sizes come as ``target_sizes`` / ``target_sizes_videos`` (patch grids ``(h,
 merged ``4 × 4`` into a token (``downsample_mode="16x"``) or ``2 × 2`` (``"4x"``) by the config's
 ``downsample_mode``. A per-call ``downsample_mode`` is refused: the patch places with the config's.
 
+Packing: as MiniCPM-V 4.6's, the processor lays a batch's crops out as one NaViT-packed row (``pixel_values``
+``(1, 3, p, patches)``, each crop's patches after the previous crop's, one ``target_sizes`` row per crop; the model
+reads row 0), the tower attends and merges within each crop, and the features fill the image tokens in crop order:
+samples packed in one row join their pixels along the last dimension and their size rows in sample order, and each
+sample keeps the canvas positions it has alone (:func:`ropekit.hf.pack` places every sample by itself).
+
 Rotation: the language model is built from the text config (``AutoModel``); Qwen3.5's (interleaved
 ``mrope_section`` over the ``partial_rotary_factor`` part of the head) is the one the adapter knows.
 """
@@ -28,6 +34,9 @@ class MiniCPMV4_7(Qwen3_5):
     model_type = "minicpmv4_7"
     text_params = frozenset()
     position_params = frozenset({"target_sizes", "target_sizes_videos", "downsample_mode"})
+    # the processor gives a batch's crops as one NaViT-packed row (the model reads row 0 only), one size row each
+    pack_layout = {"pixel_values": "last", "pixel_values_videos": "last", "target_sizes": "first",
+                   "target_sizes_videos": "first", "downsample_mode": "shared"}
 
     def check(self, inner: nn.Module) -> None:
         cls = type(getattr(inner, "language_model", None)).__name__
