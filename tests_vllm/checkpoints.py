@@ -34,6 +34,9 @@ SECTIONS = [4, 6, 6]  # head_dim 32: 16 frequency pairs
 LLAVA_IMAGE = VOCAB["<image>"]
 LLAVA_SIDE = 4  # image tokens per side of a LLaVA image: image_size 56 / patch_size 14
 LLAVA_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
+# LLaVA-OneVision: vLLM 0.32 sizes its encoder cache by the tokens of a 944 x 1153 image, which with 2 x 2 tiles
+# are fewer than a square image's
+ONEVISION_PINPOINTS = [[56, 112], [112, 56]]
 
 
 # PaddleOCR-VL: its own markers, the image token named on the tokenizer
@@ -178,6 +181,13 @@ def config(family: str):
                                image_size=56, patch_size=14),
             mm_tokens_per_image=4, image_token_index=GEMMA_VOCAB["<image_soft_token>"],
             boi_token_index=GEMMA_VOCAB["<start_of_image>"], eoi_token_index=GEMMA_VOCAB["<end_of_image>"])
+    if family == "llava_onevision":  # LLaVA-NeXT's tiles with a SigLIP tower (no CLS), shrunk past 9 base views
+        return tf.LlavaOnevisionConfig(
+            text_config=dict(TEXT, model_type="qwen2", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
+            image_grid_pinpoints=ONEVISION_PINPOINTS, image_token_id=LLAVA_IMAGE, video_token_id=VOCAB["<video>"],
+            vision_feature_layer=-1, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
     raise ValueError(family)
 
 
@@ -216,6 +226,14 @@ def _processor(family: str):
                                            image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
         return tf.LlavaNextProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
                                      vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    if family == "llava_onevision":
+        side = 14 * LLAVA_SIDE
+        image = tf.LlavaOnevisionImageProcessor(size={"height": side, "width": side},
+                                                image_grid_pinpoints=ONEVISION_PINPOINTS)
+        video = tf.LlavaOnevisionVideoProcessor(size={"height": side, "width": side})
+        return tf.LlavaOnevisionProcessor(image_processor=image, tokenizer=tok, video_processor=video,
+                                          num_image_tokens=LLAVA_SIDE ** 2, vision_feature_select_strategy="full",
+                                          vision_aspect_ratio="anyres_max_9")
     if family == "mistral3":
         image = tf.PixtralImageProcessor(size={"longest_edge": 112}, patch_size=14)
         return tf.PixtralProcessor(image_processor=image, tokenizer=tok, patch_size=14, spatial_merge_size=2)
@@ -255,7 +273,7 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
            "mistral3": "Mistral3ForConditionalGeneration",
            "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
-           "gemma3": "Gemma3ForConditionalGeneration"}
+           "gemma3": "Gemma3ForConditionalGeneration", "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")

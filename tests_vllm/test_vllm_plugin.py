@@ -74,6 +74,30 @@ def test_vllm_carries_position_handles_for_a_ropekit_checkpoint_of_a_1d_family_o
         assert patched.text_config.rope_parameters == stock.text_config.rope_parameters
 
 
+def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes_none():
+    """InternVL's vLLM model takes videos, which the plugin does not place: refused when the model loads, not when a
+    video arrives mid-serving; with a video limit of 0 the model builds."""
+    from ropekit.serve.vllm import one_d
+
+    built = []
+
+    class Stock:
+        def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+            built.append(prefix)
+
+    for name in ("InternVLForConditionalGeneration", "RopekitInternVLForConditionalGeneration"):
+        cls = type(name, (one_d.Serving, Stock), {})
+        for limit in (1, 0):
+            mm = SimpleNamespace(get_limit_per_prompt=lambda modality, limit=limit: limit if modality == "video" else 2)
+            config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm))
+            if limit:
+                with pytest.raises(ValueError, match=r"InternVL videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
+                    cls(vllm_config=config, prefix=name)
+            else:
+                cls(vllm_config=config, prefix=name)
+    assert built == ["InternVLForConditionalGeneration", "RopekitInternVLForConditionalGeneration"]
+
+
 @pytest.mark.parametrize("case, match", [
     (dict(v2=True), "model runner V2 .* VLLM_USE_V2_MODEL_RUNNER=0"),
     (dict(speculative=object()), "speculative decoding"),

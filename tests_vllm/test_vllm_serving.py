@@ -77,9 +77,12 @@ MODELS = {
     "idefics3-circle-age": ("idefics3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # two rotary tables: a sliding-window layer (base 1e4) and a global one (base 1e6, linear scaling)
     "gemma3-circle-age": ("gemma3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # LLaVA-NeXT's tiles, shrunk past anyres_max; images no more oblong than the one vLLM 0.32 sizes its encoder
+    # cache by
+    "llava_onevision-circle-age": ("llava_onevision", ("circle", "vanilla"), dict(age="alternate"), (47, 58), None),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
                 "idefics3": "<image>", "gemma3": "<start_of_image>"}
 #: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
@@ -114,7 +117,7 @@ def served(request, tmp_path_factory):
     path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
     llm = LLM(model=str(path), dtype="float32", max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
-              limit_mm_per_prompt={"image": 2, "video": 1} if MODELS[name][4] else {"image": 2}, seed=0)
+              limit_mm_per_prompt={"image": 2, "video": 1 if MODELS[name][4] else 0}, seed=0)
     llm.apply_model(_watch_placements)
     yield name, path, llm
     del llm

@@ -26,6 +26,7 @@ ONE_D = {
     "InternVLForConditionalGeneration": "internvl",
     "Idefics3ForConditionalGeneration": "idefics3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "LlavaOnevisionForConditionalGeneration": "llava_onevision",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -502,7 +502,7 @@ def __getattr__(name: str) -> type:
         if arch in ONE_D:
             from . import one_d
 
-            cls = _served_class(arch, one_d.placement(arch), (one_d.Weights,))
+            cls = _served_class(arch, one_d.placement(arch), (one_d.Serving,))
         elif arch in SERVED:
             cls = _served_class(arch)
         else:

@@ -66,6 +66,9 @@ def register_config_hooks(names: list[str]) -> None:
 class OneDPlacement(_Placement):
     """The patch of a 1-D family's ropekit checkpoint; places a prompt from its token ids and image runs."""
 
+    #: modalities vLLM's model takes that the placement does not serve -> why (refused at load unless their limit
+    #: per prompt is 0)
+    unserved: dict = {}
     #: what the family's adapter reads of each image besides its tokens: the names of vLLM's per-image fields
     #: (kept with the request on the CPU, also when the prefix cache covers the image), stacked under the same name
     fields: tuple = ()
@@ -130,12 +133,24 @@ class OneDPlacement(_Placement):
             )
 
 
-class Weights:
-    """Reads the weights of a checkpoint saved by transformers 5 into vLLM's model of a 1-D family.
+class Serving:
+    """What vLLM's model of a served 1-D family adds before its own ``__init__`` and ``load_weights``.
 
-    transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and saves its
+    Inputs the placement does not serve (InternVL's videos) are refused at load unless vLLM is told to take none.
+    Weights: transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and saves its
     weights as ``vision_tower.embeddings…``, where vLLM's tower (as the checkpoints saved by transformers 4) has
     ``vision_tower.vision_model.embeddings…``; every ropekit checkpoint is saved by transformers 5."""
+
+    def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
+        arch = type(self).__name__
+        mm = vllm_config.model_config.multimodal_config
+        for modality, why in placement(_unprefixed(arch)).unserved.items():
+            if mm is not None and mm.get_limit_per_prompt(modality) > 0:
+                raise ValueError(
+                    f"ropekit vLLM plugin ({arch}): {why}, so a prompt holding one would be refused mid-serving; "
+                    f"start vLLM with limit_mm_per_prompt={{{modality!r}: 0}} to serve this checkpoint's other inputs"
+                )
+        super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
 
     def load_weights(self, weights):
         tower = getattr(self, "vision_tower", None)
@@ -196,7 +211,27 @@ class Idefics3Placement(OneDPlacement):
         return torch.empty((count, 1, 3, size, size), device="meta")
 
 
-_PLACEMENTS = {"llava_next": LlavaNextPlacement, "mistral3": Mistral3Placement, "idefics3": Idefics3Placement}
+class LlavaOnevisionPlacement(LlavaNextPlacement):
+    """LLaVA-OneVision: LLaVA-NeXT's tiles, shrunk past the config's ``anyres_max``. vLLM tiles every image of a
+    prompt (as transformers' processor does when it is handed the images as one list), so the adapter is handed no
+    ``batch_num_images`` and tiles every image too."""
+
+    unserved = {"video": "LLaVA-OneVision videos are not served (only images are placed from vLLM's inputs)"}
+
+
+class InternVLPlacement(OneDPlacement):
+    unserved = {"video": "InternVL videos are not served (only images are placed from vLLM's inputs)"}
+
+
+def _unprefixed(name: str) -> str:
+    from ...hf.auto import ARCH_PREFIX
+
+    return name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name
+
+
+_PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
+               "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
+               "idefics3": Idefics3Placement}
 
 
 def placement(arch: str) -> type:
