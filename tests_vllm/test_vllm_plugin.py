@@ -52,6 +52,19 @@ def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 
+def test_a_1d_family_not_served_is_refused_with_its_reason():
+    """SmolVLM is refused because its processor needs num2words, which this environment lacks (the fact checked)."""
+    import importlib.util
+
+    from ropekit.serve.vllm import models
+
+    assert importlib.util.find_spec("num2words") is None  # else: test SmolVLM and serve it (Idefics3's layout)
+    cls = getattr(models, "RopekitSmolVLMForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"SmolVLMForConditionalGeneration patched by ropekit .*not served because "
+                                         r"its processor .* needs the num2words package"):
+        cls(vllm_config=_config({"design": "circle"}), prefix="")
+
+
 def test_vllm_carries_position_handles_for_a_ropekit_checkpoint_of_a_1d_family_only():
     """vLLM's runner asks a model for per-request positions only when vLLM reads an M-RoPE section off the config:
     the plugin's config hook declares one in vLLM's copy of a ropekit LLaVA config; a stock one stays 1-D."""
