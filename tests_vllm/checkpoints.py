@@ -188,6 +188,14 @@ def config(family: str):
                                num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
             image_grid_pinpoints=ONEVISION_PINPOINTS, image_token_id=LLAVA_IMAGE, video_token_id=VOCAB["<video>"],
             vision_feature_layer=-1, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
+    if family == "llava_next_video":  # a frame: 4 x 4 patches pooled to 2 x 2 tokens; vLLM 0.32's pooling needs
+        # image_size >= patch_size ** 2 (it divides by image_size // patch_size ** 2)
+        return tf.LlavaNextVideoConfig(
+            text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4),
+            image_grid_pinpoints=[[16, 32], [32, 16]], image_token_id=LLAVA_IMAGE, video_token_id=VOCAB["<video>"],
+            vision_feature_layer=-2, vision_feature_select_strategy="default", spatial_pool_stride=2)
     raise ValueError(family)
 
 
@@ -226,6 +234,13 @@ def _processor(family: str):
                                            image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
         return tf.LlavaNextProcessor(image_processor=image, tokenizer=tok, patch_size=14, image_token="<image>",
                                      vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    if family == "llava_next_video":
+        image = tf.LlavaNextImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                           image_grid_pinpoints=[[16, 32], [32, 16]])
+        video = tf.LlavaNextVideoVideoProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                                do_sample_frames=False)
+        return tf.LlavaNextVideoProcessor(video_processor=video, image_processor=image, tokenizer=tok, patch_size=4,
+                                          vision_feature_select_strategy="default", num_additional_image_tokens=1)
     if family == "llava_onevision":
         side = 14 * LLAVA_SIDE
         image = tf.LlavaOnevisionImageProcessor(size={"height": side, "width": side},
@@ -273,7 +288,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
            "mistral3": "Mistral3ForConditionalGeneration",
            "internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
-           "gemma3": "Gemma3ForConditionalGeneration", "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
+           "gemma3": "Gemma3ForConditionalGeneration", "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+           "llava_next_video": "LlavaNextVideoForConditionalGeneration"}
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")

@@ -80,6 +80,9 @@ MODELS = {
     # LLaVA-NeXT's tiles, shrunk past anyres_max; images no more oblong than the one vLLM 0.32 sizes its encoder
     # cache by
     "llava_onevision-circle-age": ("llava_onevision", ("circle", "vanilla"), dict(age="alternate"), (47, 58), None),
+    # videos only (in vLLM), one per prompt: frames x 2 x 2 pooled tokens
+    "llava_next_video-circle-age": ("llava_next_video", ("circle", "vanilla"), dict(age="alternate"), None,
+                                    (4, 56, 56)),
 }
 #: the placeholder of one image in a prompt, by family
 IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
@@ -92,7 +95,12 @@ IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|
 
 
 def _requests(name):
-    family, _, _, (h, w), video = MODELS[name]
+    family, _, _, size, video = MODELS[name]
+    if size is None:  # videos only: one per prompt, of two lengths
+        t, vh, vw = video
+        return [(f"w1 w2 <video> {TEXT} w5 w6", {"video": [_video(3, t, vh, vw)]}),
+                (f"w7 <video> {TEXT} w8", {"video": [_video(4, t + 2, vw, vh)]})]
+    h, w = size
     if video is None:  # image prompts only: two images, and one
         img = IMAGE_PROMPT[family]
         return [
@@ -117,7 +125,8 @@ def served(request, tmp_path_factory):
     path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
     llm = LLM(model=str(path), dtype="float32", max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
-              limit_mm_per_prompt={"image": 2, "video": 1 if MODELS[name][4] else 0}, seed=0)
+              limit_mm_per_prompt=({"video": 1} if MODELS[name][3] is None
+                                   else {"image": 2, "video": 1 if MODELS[name][4] else 0}), seed=0)
     llm.apply_model(_watch_placements)
     yield name, path, llm
     del llm

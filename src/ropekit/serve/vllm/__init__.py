@@ -27,6 +27,7 @@ ONE_D = {
     "Idefics3ForConditionalGeneration": "idefics3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
+    "LlavaNextVideoForConditionalGeneration": "llava_next_video",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -452,9 +452,6 @@ NOT_SERVED = {
         "its processor (transformers' SmolVLMProcessor, which vLLM runs) needs the num2words package, which the "
         "environment the plugin is tested in lacks; untested, it is not served (its layout is Idefics3's, which is)"
     ),
-    "LlavaNextVideoForConditionalGeneration": (
-        "the plugin places the images of the 1-D families only; LLaVA-NeXT-Video's videos are not wired to it"
-    ),
     "PaliGemmaForConditionalGeneration": (
         "vLLM 0.32's PaliGemma, given the positions of the patched transformers model (the vanilla design), gives "
         "log-probabilities up to 0.8 away from transformers' from the first token on (tiny random checkpoint, "

@@ -66,6 +66,8 @@ def register_config_hooks(names: list[str]) -> None:
 class OneDPlacement(_Placement):
     """The patch of a 1-D family's ropekit checkpoint; places a prompt from its token ids and image runs."""
 
+    #: modalities the placement serves
+    modalities: tuple = ("image",)
     #: modalities vLLM's model takes that the placement does not serve -> why (refused at load unless their limit
     #: per prompt is 0)
     unserved: dict = {}
@@ -76,34 +78,42 @@ class OneDPlacement(_Placement):
     def __init__(self, arch: str, hf_config: Any):
         super().__init__(arch, hf_config)
         self.arch = arch
-        self.image_token = int(self.state.image_token_id)
 
     def place(self, input_tokens: list[int], mm_features: list):
         from ...hf import hooks
 
         where = f"ropekit vLLM plugin ({self.arch})"
-        images, fields = [], {name: [] for name in self.fields}
+        items = {"image": [], "video": []}
+        fields = {name: [] for name in self.fields}
         for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
-            if f.modality != "image":
+            if f.modality not in self.modalities:
                 raise ValueError(f"{where}: the {f.modality!r} modality is not served")
-            images.append(f.mm_position)
-            for name, value in self.image_fields(f, where).items():
-                fields[name].append(value)
+            items[f.modality].append(f.mm_position)
+            if f.modality == "image":
+                for name, value in self.image_fields(f, where).items():
+                    fields[name].append(value)
         ids = torch.tensor([input_tokens], dtype=torch.long)
-        self._check_runs(ids[0], images, where)
+        for modality, runs in items.items():
+            self._check_runs(ids[0], modality, runs, where)
         given = dict(input_ids=ids)
-        if images:
+        if items["image"]:
             # the family's adapter takes image tokens as images when the forward is given images; which pixels
             # does not matter to the placement (each image's grid comes from the vision config and the fields
             # above), so none are made
-            given["pixel_values"] = self.pixels(len(images))
+            given["pixel_values"] = self.pixels(len(items["image"]))
             given.update({name: torch.stack(values) for name, values in fields.items()})
+        if items["video"]:
+            given["pixel_values_videos"] = self.video_pixels(items["video"], where)
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
 
     def pixels(self, count: int) -> torch.Tensor:
         """A stand-in for the pixels of ``count`` images (on the meta device: nothing is allocated)."""
         return torch.empty((count, 0), device="meta")
+
+    def video_pixels(self, runs: list, where: str) -> torch.Tensor:
+        """A stand-in for the frames of the videos whose placeholders are ``runs`` (families that serve videos)."""
+        raise ValueError(f"{where}: the 'video' modality is not served")
 
     def image_fields(self, feature: Any, where: str) -> dict:
         """What the adapter reads of one image (``fields``), from vLLM's multimodal feature of it."""
@@ -115,20 +125,25 @@ class OneDPlacement(_Placement):
             out[name] = torch.as_tensor(value.data)
         return out
 
-    def _check_runs(self, ids: torch.Tensor, images: list, where: str) -> None:
-        """The image tokens of the prompt are exactly the runs vLLM fills with image features (the placement
-        reads images off the token ids, vLLM embeds them at its placeholder ranges)."""
+    def _check_runs(self, ids: torch.Tensor, modality: str, runs: list, where: str) -> None:
+        """The image (video) tokens of the prompt are exactly the runs vLLM fills with image (video) features (the
+        placement reads them off the token ids, vLLM embeds them at its placeholder ranges)."""
+        token = self.state.image_token_id if modality == "image" else self.state.video_token_id
+        if token is None:
+            if runs:
+                raise ValueError(f"{where}: the {modality!r} modality is not served")
+            return
         embedded = torch.zeros_like(ids, dtype=torch.bool)
-        for r in images:
+        for r in runs:
             run = torch.ones(r.length, dtype=torch.bool)
             if r.is_embed is not None:
                 run = torch.as_tensor(r.is_embed, dtype=torch.bool)
             embedded[r.offset:r.offset + r.length] = run
-        tokens = ids == self.image_token
+        tokens = ids == int(token)
         if not torch.equal(tokens, embedded):
             raise ValueError(
-                f"{where}: the prompt holds {int(tokens.sum())} image tokens (id {self.image_token}) but vLLM fills "
-                f"{int(embedded.sum())} positions with image features, not the same ones; the patch places images "
+                f"{where}: the prompt holds {int(tokens.sum())} {modality} tokens (id {int(token)}) but vLLM fills "
+                f"{int(embedded.sum())} positions with {modality} features, not the same ones; the patch places them "
                 f"by their tokens, so it cannot place this prompt"
             )
 
@@ -219,6 +234,25 @@ class LlavaOnevisionPlacement(LlavaNextPlacement):
     unserved = {"video": "LLaVA-OneVision videos are not served (only images are placed from vLLM's inputs)"}
 
 
+class LlavaNextVideoPlacement(LlavaNextPlacement):
+    """LLaVA-NeXT-Video, whose vLLM model takes videos only: a video is one block of ``frames × p × p`` tokens (``p``
+    the frame's patch grid after the model's spatial pooling). vLLM keeps no frame count with the request, but the
+    video's placeholder holds ``frames · p²`` tokens, so the stand-in frames are that many."""
+
+    modalities = ("video",)
+
+    def video_pixels(self, runs: list, where: str) -> torch.Tensor:
+        adapter, config = self.state.adapter, self.inner.config
+        p = adapter.pooled_side(config, adapter.patch_side(config, config.vision_feature_select_strategy))
+        frames = {r.length // (p * p) for r in runs}
+        if len(runs) != 1 or any(r.length % (p * p) for r in runs):
+            raise ValueError(
+                f"{where}: a prompt's video placeholders ({[r.length for r in runs]} tokens) are not one video of whole "
+                f"frames of {p}x{p} pooled patches"
+            )
+        return torch.empty((1, frames.pop(), 3, 1, 1), device="meta")
+
+
 class InternVLPlacement(OneDPlacement):
     unserved = {"video": "InternVL videos are not served (only images are placed from vLLM's inputs)"}
 
@@ -231,7 +265,7 @@ def _unprefixed(name: str) -> str:
 
 _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
-               "idefics3": Idefics3Placement}
+               "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement}
 
 
 def placement(arch: str) -> type:
