@@ -79,7 +79,8 @@ MODELS = {
     "gemma3-circle-age": ("gemma3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # LLaVA-NeXT's tiles, shrunk past anyres_max; images no more oblong than the one vLLM 0.32 sizes its encoder
     # cache by
-    "llava_onevision-circle-age": ("llava_onevision", ("circle", "vanilla"), dict(age="alternate"), (47, 58), None),
+    "llava_onevision-circle-age": ("llava_onevision", ("circle", "vanilla"), dict(age="alternate"), (47, 58),
+                                   (4, 56, 56)),
     # videos only (in vLLM), one per prompt: frames x 2 x 2 pooled tokens
     "llava_next_video-circle-age": ("llava_next_video", ("circle", "vanilla"), dict(age="alternate"), None,
                                     (4, 56, 56)),
@@ -109,6 +110,8 @@ def _requests(name):
         ]
     t, vh, vw = video
     IMG, VID = MARKERS["glm" if family.startswith("glm") else "qwen"]
+    if family in IMAGE_PROMPT:
+        IMG, VID = IMAGE_PROMPT[family], "<video>"
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),

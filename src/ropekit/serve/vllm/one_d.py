@@ -231,7 +231,20 @@ class LlavaOnevisionPlacement(LlavaNextPlacement):
     prompt (as transformers' processor does when it is handed the images as one list), so the adapter is handed no
     ``batch_num_images`` and tiles every image too."""
 
-    unserved = {"video": "LLaVA-OneVision videos are not served (only images are placed from vLLM's inputs)"}
+    modalities = ("image", "video")
+
+    def video_pixels(self, runs: list, where: str) -> torch.Tensor:
+        """A video is ``frames × p × p`` pooled tokens and one newline token; vLLM keeps no frame count, so it is read
+        off the placeholder's length."""
+        adapter, config = self.state.adapter, self.inner.config
+        p = adapter.pooled_side(config, adapter.patch_side(config, config.vision_feature_select_strategy))
+        frames = [(r.length - adapter.video_newline) // (p * p) for r in runs]
+        if len(set(frames)) != 1 or any((r.length - adapter.video_newline) % (p * p) for r in runs):
+            raise ValueError(
+                f"{where}: the prompt's video placeholders ({[r.length for r in runs]} tokens) are not videos of one "
+                f"length in whole frames of {p}x{p} pooled patches and a newline token"
+            )
+        return torch.empty((len(runs), frames[0], 3, 1, 1), device="meta")
 
 
 class LlavaNextVideoPlacement(LlavaNextPlacement):
