@@ -267,7 +267,11 @@ class LlavaNextVideoPlacement(LlavaNextPlacement):
 
 
 class InternVLPlacement(OneDPlacement):
-    unserved = {"video": "InternVL videos are not served (only images are placed from vLLM's inputs)"}
+    unserved = {"video": (
+        "InternVL videos are not served: vLLM 0.32 writes each frame's tokens with the <video> token, where "
+        "transformers' processor, and so the patched model, writes the image context token, so a video prompt is "
+        "not the one the patch places"
+    )}
 
 
 def _unprefixed(name: str) -> str:
