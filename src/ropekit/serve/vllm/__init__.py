@@ -86,3 +86,12 @@ def register() -> None:
     from .one_d import register_config_hooks
 
     register_config_hooks([name for arch in ONE_D for name in (arch, ARCH_PREFIX + arch)])
+    # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone:
+    # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from .models import OMNI_THINKERS, RefuseAtConfig
+
+    for arch in OMNI_THINKERS:
+        ModelRegistry.register_model(ARCH_PREFIX + arch, f"ropekit.serve.vllm.models:{ARCH_PREFIX + arch}")
+        MODELS_CONFIG_MAP[ARCH_PREFIX + arch] = RefuseAtConfig

