@@ -258,8 +258,8 @@ def _processor(family: str):
         return tf.Idefics3Processor(image_processor=image, tokenizer=_tokenizer(IDEFICS_VOCAB, IDEFICS_SPECIAL),
                                     image_seq_len=4)
     if family == "gemma3":  # no pan and scan: an image is one 56 x 56 view
-        tok = _tokenizer(GEMMA_VOCAB, GEMMA_SPECIAL, named=dict(boi_token="<start_of_image>", eoi_token="<end_of_image>",
-                                                                image_token="<image_soft_token>"))
+        tok = _tokenizer(GEMMA_VOCAB, GEMMA_SPECIAL, named=dict(
+            boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>"))
         image = tf.Gemma3ImageProcessor(size={"height": 56, "width": 56}, do_pan_and_scan=False)
         return tf.Gemma3Processor(image_processor=image, tokenizer=tok, image_seq_length=4)
     if family == "internvl":

@@ -104,7 +104,8 @@ def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes
             mm = SimpleNamespace(get_limit_per_prompt=lambda modality, limit=limit: limit if modality == "video" else 2)
             config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm))
             if limit:
-                with pytest.raises(ValueError, match=r"InternVL videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
+                with pytest.raises(ValueError,
+                                   match=r"InternVL videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
                     cls(vllm_config=config, prefix=name)
             else:
                 cls(vllm_config=config, prefix=name)

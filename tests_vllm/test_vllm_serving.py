@@ -86,8 +86,8 @@ MODELS = {
                                     (4, 56, 56)),
 }
 #: the placeholder of one image in a prompt, by family
-IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>",
-                "idefics3": "<image>", "gemma3": "<start_of_image>"}
+IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]",
+                "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "gemma3": "<start_of_image>"}
 #: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions

@@ -1,4 +1,5 @@
-"""Serving ropekit checkpoints of the 1-D families (LLaVA, …) with vLLM (imported by the plugin, never by ropekit's core).
+"""Serving ropekit checkpoints of the 1-D families (LLaVA, …) with vLLM (imported by the plugin, never by ropekit's
+core).
 
 vLLM's models of these families take one position per token, and its model runner calls a model for per-request
 positions (``get_mrope_input_positions``) only when the model's config declares M-RoPE. ropekit places each image
@@ -152,9 +153,9 @@ class Serving:
     """What vLLM's model of a served 1-D family adds before its own ``__init__`` and ``load_weights``.
 
     Inputs the placement does not serve (InternVL's videos) are refused at load unless vLLM is told to take none.
-    Weights: transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and saves its
-    weights as ``vision_tower.embeddings…``, where vLLM's tower (as the checkpoints saved by transformers 4) has
-    ``vision_tower.vision_model.embeddings…``; every ropekit checkpoint is saved by transformers 5."""
+    Weights: transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and
+    saves its weights as ``vision_tower.embeddings…``, where vLLM's tower (as the checkpoints saved by transformers 4)
+    has ``vision_tower.vision_model.embeddings…``; every ropekit checkpoint is saved by transformers 5."""
 
     def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
         arch = type(self).__name__
@@ -260,8 +261,8 @@ class LlavaNextVideoPlacement(LlavaNextPlacement):
         frames = {r.length // (p * p) for r in runs}
         if len(runs) != 1 or any(r.length % (p * p) for r in runs):
             raise ValueError(
-                f"{where}: a prompt's video placeholders ({[r.length for r in runs]} tokens) are not one video of whole "
-                f"frames of {p}x{p} pooled patches"
+                f"{where}: a prompt's video placeholders ({[r.length for r in runs]} tokens) are not one video of "
+                f"whole frames of {p}x{p} pooled patches"
             )
         return torch.empty((1, frames.pop(), 3, 1, 1), device="meta")
 
