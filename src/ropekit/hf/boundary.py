@@ -134,18 +134,23 @@ class Contract:
         A keyword that is neither a parameter of the installed method nor in the contract is refused, unless
         the hook hands ``**kwargs`` on (then it is left in the result for the stock method).
         """
+        # set operations on the keys rather than a loop over them: hooks bind on every forward
+        if not self.var_keyword:
+            unknown = kwargs.keys() - self.known
+            if unknown:
+                raise UnsupportedTransformersError(
+                    f"patched model: {where} was called with `{min(unknown)}`, which ropekit's hook does not handle "
+                    f"(transformers {transformers_version()}); {_what_to_do()}"
+                )
+        if not args:
+            return dict(kwargs)
         if len(args) > len(names):
             raise TypeError(f"patched model: {where} got {len(args)} positional arguments, takes at most {len(names)}")
         given = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key in given:
-                raise TypeError(f"patched model: {where} got several values for argument {key!r}")
-            if key not in self.known and not self.var_keyword:
-                raise UnsupportedTransformersError(
-                    f"patched model: {where} was called with `{key}`, which ropekit's hook does not handle "
-                    f"(transformers {transformers_version()}); {_what_to_do()}"
-                )
-            given[key] = value
+        twice = given.keys() & kwargs.keys()
+        if twice:
+            raise TypeError(f"patched model: {where} got several values for argument {min(twice)!r}")
+        given.update(kwargs)
         return given
 
 

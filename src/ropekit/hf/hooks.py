@@ -45,6 +45,8 @@ class Hook:
         self.names = contract.check(type(owner), name)
         previous = owner.__dict__.get(name, _MISSING)
         self.previous = previous.previous if isinstance(previous, Hook) else previous  # never chain patches
+        #: the keyword the replaced method takes its KV cache by (if it takes one)
+        self.cache_name = next((n for n in CACHE_NAMES if n in self.names), CACHE_NAMES[0])
         self.__dict__.update(data)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -62,7 +64,7 @@ class Hook:
 
     def call_previous(self, *args: Any, **kwargs: Any) -> Any:
         """What the attribute did before the patch (the class method unless one was set on the instance)."""
-        if isinstance(self.previous, str) and self.previous == _MISSING:
+        if type(self.previous) is str:  # _MISSING (a copy of it, after pickling)
             return getattr(type(self.owner), self.name)(self.owner, *args, **kwargs)
         return self.previous(*args, **kwargs)
 
@@ -223,14 +225,14 @@ def placement(owner: nn.Module, state: st._State, given: dict) -> tuple[torch.Te
 
 def _new_tokens_are_text(owner: nn.Module, state: st._State, given: dict, length: int) -> None:
     input_ids, types = given.get("input_ids"), given.get("mm_token_type_ids")
-    grids = [given.get(k) for k in ("image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos")]
     if state.adapter.one_d and all(given.get(k) is None for k in _LM_VISION):
         return  # image token ids without images are text in 1-D families, as in stock
     if types is not None:
         st.check_no_vision(types[:, -length:])
     elif input_ids is not None:
-        st.check_no_vision(st.vision_in_ids(state, input_ids[:, -length:]))
-    elif any(g is not None for g in grids):
+        st.check_ids_are_text(state, input_ids[:, -length:])
+    elif any(given.get(k) is not None for k in ("image_grid_thw", "video_grid_thw", "pixel_values",
+                                                  "pixel_values_videos")):
         _grids_without_types(state)
     elif given.get("inputs_embeds") is not None:  # no ids: the image token's embedding gives it away
         st.check_no_vision(_types_from_embeddings(owner, state, given["inputs_embeds"][:, -length:]))
@@ -301,7 +303,7 @@ def model_forward(hook: Hook, *args: Any, **kwargs: Any):
         check_position_ids(state, pos, _has_vision(state, given), type(hook.owner).__name__)
         _forward_masks(state, given, pos)
         return hook.call_previous(**given)
-    name = next((n for n in CACHE_NAMES if n in hook.names), CACHE_NAMES[0])
+    name = hook.cache_name
     cache = cache_of(given)
     if cache is None and given.get("use_cache") and not torch.jit.is_tracing():
         from transformers import DynamicCache  # the cache the text model would create, made here to keep the
@@ -586,15 +588,11 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     pos = _geometry_rows(state, position_ids, batch, length)
     if not torch.compiler.is_compiling():
         state.observed = dict(pos)
-    cos, sin = [], []
-    with torch.no_grad():
-        for name in st.rotary(state, key)[0]:
-            c, s = _tables(state, name, pos[name], x.device, key)
-            if s is None:  # complex tables, as the stock rotary returns them
-                cos.append(c)
-                continue
-            cos.append(c if state.float32_tables or c.dtype == x.dtype else c.to(x.dtype))
-            sin.append(s if state.float32_tables or s.dtype == x.dtype else s.to(x.dtype))
+    if torch.is_grad_enabled():
+        with torch.no_grad():
+            cos, sin = _all_tables(state, pos, x, key)
+    else:  # (generate and inference already run without grad: no context to enter per step)
+        cos, sin = _all_tables(state, pos, x, key)
     if not sin:  # complex tables, laid out in memory as the stock rotary lays out its own (which differs between
         # releases): the attention's complex product rounds by its kernel, which follows the layout
         table = cos[0] if len(cos) == 1 else torch.cat(cos, dim=-1)
@@ -605,22 +603,38 @@ def rotary_forward(hook: Hook, *args: Any, **kwargs: Any) -> tuple[torch.Tensor,
     return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
+def _all_tables(state: st._State, pos: dict, x: torch.Tensor, key: Optional[str]) -> tuple[list, list]:
+    """Every geometry's cos and sin tables (:func:`_tables`) in the dtype the rotary returns them in."""
+    cos, sin = [], []
+    for name in st.rotary(state, key)[0]:
+        c, s = _tables(state, name, pos[name], x.device, key)
+        if s is None:  # complex tables, as the stock rotary returns them
+            cos.append(c)
+            continue
+        cos.append(c if state.float32_tables or c.dtype == x.dtype else c.to(x.dtype))
+        sin.append(s if state.float32_tables or s.dtype == x.dtype else s.to(x.dtype))
+    return cos, sin
+
+
 def _rotary_key(hook: Hook, state: st._State, given: dict) -> Optional[str]:
     """Which of the model's rotary tables this rotary call asks for (Gemma 3: its ``layer_type``); None for a model
     with one table. A family with one rotary module per table (Molmo2) names it at install (``table``)."""
     if getattr(hook, "table", None) is not None:
         return hook.table
-    keys = [given.get(p) for p in sorted(state.adapter.rotary_params)]
-    return keys[0] if len(keys) == 1 else (tuple(keys) if keys else None)
+    params = state.adapter.rotary_params
+    if not params:
+        return None
+    keys = [given.get(p) for p in sorted(params)]
+    return keys[0] if len(keys) == 1 else tuple(keys)
 
 
 def layer_forward(hook: Hook, *args: Any, **kwargs: Any):
     """Run the layer with the cos/sin of its own geometry (its block of the tables the rotary put side by side) and
     the text row as its 1-D ``position_ids`` (what flash attention reads packed rows off)."""
-    if hook.blocks == 1 and len(args) == 1 and hook.names[:1] == ("hidden_states",):
+    if hook.blocks == 1 and len(args) == 1 and hook.names[0] == "hidden_states":
         pos = kwargs.get("position_ids")
-        if not (isinstance(pos, torch.Tensor) and pos.ndim == 3):  # one geometry and 1-D positions (as the text
-            return hook.call_previous(*args, **kwargs)  # models split them off): nothing to translate
+        if pos is None or pos.ndim != 3:  # one geometry and 1-D positions (as the text models split them off):
+            return hook.call_previous(*args, **kwargs)  # nothing to translate
     given = hook.bind(args, kwargs)
     emb = given.get("position_embeddings")
     if isinstance(emb, torch.Tensor) and hook.blocks > 1:  # one complex table (Llama 4)

@@ -584,7 +584,7 @@ def position_rows(model: nn.Module) -> list[tuple[str, int]]:
     state = _state(model)
     if state is None:
         raise ValueError("position_rows: the model is not patched (call ropekit.hf.patch_model first)")
-    return state.rows
+    return list(state.rows)
 
 
 def layer_designs(model: nn.Module) -> list[str]:

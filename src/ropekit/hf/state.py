@@ -112,15 +112,15 @@ class _State:
     #: <image_start> and <image_end> ids); None for the others
     plan_tokens: Optional[tuple] = None
 
-    @property
-    def rows(self) -> list[tuple[str, int]]:
-        """``(geometry, axes)`` of the position tensor's rows after the text row, in order."""
-        return [(name, int(geo.W.shape[0])) for name, geo in self.geometries.items()]
+    #: ``(geometry, axes)`` of the position tensor's rows after the text row, in order
+    rows: tuple = field(init=False, repr=False)
+    #: rows of the position tensor: the text row plus every geometry's axes
+    num_rows: int = field(init=False, repr=False)
 
-    @property
-    def num_rows(self) -> int:
-        """Rows of the position tensor: the text row plus every geometry's axes."""
-        return 1 + sum(a for _, a in self.rows)
+    def __post_init__(self) -> None:
+        # the geometries are fixed when the patch is made: the row layout is worked out once, not per forward
+        self.rows = tuple((name, int(geo.W.shape[0])) for name, geo in self.geometries.items())
+        self.num_rows = 1 + sum(a for _, a in self.rows)
 
     def split(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The geometry rows ``(R - 1, B, L)`` of a position tensor, by geometry."""
@@ -712,6 +712,27 @@ def vision_in_ids(state: _State, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.isin(input_ids, ids)
 
 
+_VISION_AFTER_CACHE = (
+    "patched model: image/video tokens after a KV cache are not supported (the new tokens hold the image/video token "
+    "id or a non-zero mm_token_type_ids); run the whole sequence again without past_key_values"
+)
+#: new tokens up to this many are checked for image/video ids on the host (one small copy, no kernels)
+_HOST_CHECK = 64
+
+
+def check_ids_are_text(state: _State, input_ids: torch.Tensor) -> None:
+    """Refuse image/video token ids among the new tokens ``input_ids`` after a KV cache (:func:`check_no_vision`).
+
+    A decoding step's few ids are read to the host and checked there (one copy); more ids, or ids inside a
+    compiled region, take the tensor check."""
+    if input_ids.numel() <= _HOST_CHECK and not torch.compiler.is_compiling():
+        known = {t for t in (state.image_token_id, state.video_token_id) if t is not None}
+        if known and not known.isdisjoint(input_ids.reshape(-1).tolist()):
+            raise ValueError(_VISION_AFTER_CACHE)
+        return
+    check_no_vision(vision_in_ids(state, input_ids))
+
+
 def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
     """Refuse image/video tokens after a KV cache: their grids cannot be placed incrementally.
 
@@ -720,11 +741,7 @@ def check_no_vision(new_types: Optional[torch.Tensor]) -> None:
     if new_types is None:
         return
     bad = new_types if new_types.dtype == torch.bool else new_types != 0
-    message = (
-        "patched model: image/video tokens after a KV cache are not supported (the new tokens hold the "
-        "image/video token id or a non-zero mm_token_type_ids); run the whole sequence again without "
-        "past_key_values"
-    )
+    message = _VISION_AFTER_CACHE
     if torch.compiler.is_compiling():
         torch._assert_async(~bad.any(), message)  # checked on the device, no graph break
     elif bool(bad.any()):
