@@ -39,6 +39,13 @@ LLAVA_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
 ONEVISION_PINPOINTS = [[56, 112], [112, 56]]
 
 
+# Llama 4: an image is <|image_start|>, each tile's tokens (<|patch|>) with tile separators, <|image|> and the whole
+# image's tokens, <|image_end|>
+LLAMA4_SPECIAL = ["<|endoftext|>", "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                  "<|tile_y_separator|>", "<unk>"]
+LLAMA4_VOCAB = {w: i for i, w in enumerate(WORDS + LLAMA4_SPECIAL)}
+
+
 # PaddleOCR-VL: its own markers, the image token named on the tokenizer
 PADDLE_SPECIAL = ["<|endoftext|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|video_pad|>",
                   "<unk>"]
@@ -222,6 +229,25 @@ def config(family: str):
                                num_hidden_layers=2, num_attention_heads=2, image_size=14 * LLAVA_SIDE, patch_size=14),
             image_grid_pinpoints=ONEVISION_PINPOINTS, image_token_id=LLAVA_IMAGE, video_token_id=VOCAB["<video>"],
             vision_feature_layer=-1, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
+    if family == "llama4":
+        # a chunked-attention layer (chunks of 32 tokens, shorter than the prompts) rotating q and k (complex pairs)
+        # and a RoPE-free (NoPE) one, both with experts;
+        # tiles of 56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens
+        eos_id = LLAMA4_VOCAB["<|endoftext|>"]
+        text = dict(TEXT, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1,
+                    interleave_moe_layer_step=1, no_rope_layers=[1, 0], attention_chunk_size=32,
+                    rope_parameters={"rope_type": "default", "rope_theta": 5e5}, eos_token_id=eos_id,
+                    bos_token_id=eos_id, pad_token_id=eos_id)
+        text.pop("tie_word_embeddings")
+        return tf.Llama4Config(
+            text_config=text,
+            # the pixel shuffle's MLP reads intermediate_size channels: hidden_size / pixel_shuffle_ratio²
+            vision_config=dict(hidden_size=32, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=56, patch_size=14, pixel_shuffle_ratio=0.5, vision_output_dim=64,
+                               projector_input_dim=64, projector_output_dim=64,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+            image_token_index=LLAMA4_VOCAB["<|patch|>"], boi_token_index=LLAMA4_VOCAB["<|image_start|>"],
+            eoi_token_index=LLAMA4_VOCAB["<|image_end|>"], tie_word_embeddings=False)
     if family == "llava_next_video":  # a frame: 4 x 4 patches pooled to 2 x 2 tokens; vLLM 0.32's pooling needs
         # image_size >= patch_size ** 2 (it divides by image_size // patch_size ** 2)
         return tf.LlavaNextVideoConfig(
@@ -251,6 +277,10 @@ def _processor(family: str):
         image = tf.PaddleOCRVLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=1,
                                              size={"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64})
         return tf.PaddleOCRVLProcessor(image_processor=image, tokenizer=tok)
+    if family == "llama4":  # an image of up to 2 x 2 tiles of 56 x 56 pixels, and the whole image
+        image = tf.Llama4ImageProcessorFast(size={"height": 56, "width": 56}, max_patches=4)
+        return tf.Llama4Processor(image_processor=image, tokenizer=_tokenizer(LLAMA4_VOCAB, LLAMA4_SPECIAL),
+                                  patch_size=14, pixel_shuffle_ratio=0.5)
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -331,7 +361,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
 
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration", qwen3_5="Qwen3_5ForConditionalGeneration",
-               qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration")
+               qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
+               llama4="Llama4ForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -84,6 +84,8 @@ MODELS = {
     # videos only (in vLLM), one per prompt: frames x 2 x 2 pooled tokens
     "llava_next_video-circle-age": ("llava_next_video", ("circle", "vanilla"), dict(age="alternate"), None,
                                     (4, 56, 56)),
+    # Llama 4: complex pairs (vLLM: rotate-half on permuted q/k weights), a RoPE-free layer, experts; tiled images
+    "llama4-circle-age": ("llama4", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -99,7 +101,8 @@ TOL_BF16 = 0.075
 TOL_BF16_MEAN = 0.02
 #: the placeholder of one image in a prompt, by family
 IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]",
-                "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "gemma3": "<start_of_image>"}
+                "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "gemma3": "<start_of_image>",
+                "llama4": "<|image|>"}
 #: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions
@@ -191,6 +194,8 @@ def _hf_logprobs(model, processor, prompt, mm, extra=()):
     inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw)
     if model.config.model_type in CAUSAL_ON_CPU:
         inputs.pop("token_type_ids")
+    if inputs.get("pixel_values") is not None:  # Llama 4's image processor hands bfloat16 pixels
+        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
     ids = inputs["input_ids"]
     if extra:
         tail = torch.tensor([list(extra)])

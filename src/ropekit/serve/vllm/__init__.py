@@ -28,6 +28,7 @@ ONE_D = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "LlavaNextVideoForConditionalGeneration": "llava_next_video",
+    "Llama4ForConditionalGeneration": "llama4",
 }
 
 #: architectures served with their patch -> the transformers model type

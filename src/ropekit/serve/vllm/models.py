@@ -232,7 +232,10 @@ class _Placement:
         self.inner = hfpatch._parts(model)[1]
         state = self.state
         where = f"ropekit vLLM plugin ({arch})"
-        if state.layout not in _Rotary.LAYOUTS or state.complex_tables:
+        # the channel layout vLLM's model of the family rotates in: the patch's own, unless the family's placement
+        # names vLLM's (Llama 4: vLLM permutes q and k weights so its complex pairs rotate as rotate-half pairs)
+        self.layout = self.rotary_layout or state.layout
+        if self.layout not in _Rotary.LAYOUTS or (state.complex_tables and self.rotary_layout is None):
             raise ValueError(f"{where}: the family's rotary layout {state.layout!r} is not served")
         # the rotary table of each decoder layer: None where one table serves every layer; else the layer's key in
         # ``state.variants`` (Gemma 3: its layer type, each type with its own base), as the patched model reads them
@@ -255,6 +258,9 @@ class _Placement:
             self.offsets[name] = (at, axes)
             at += axes
         self.rows = at
+
+    #: the channel layout of vLLM's rotary for the family where it is not the patch's (``_Rotary.LAYOUTS``)
+    rotary_layout: Optional[str] = None
 
     def text_model(self, model: nn.Module) -> nn.Module:
         """vLLM's decoder (the module holding ``layers``) in the family's vLLM model ``model``."""
@@ -391,11 +397,22 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                 attn = getattr(layer, "self_attn", None)
                 if attn is None:  # another pipeline stage's layer
                     continue
+                if getattr(attn, "attn_temperature_tuning", False):
+                    raise ValueError(
+                        f"ropekit vLLM plugin ({arch}): vLLM's temperature tuning of RoPE-free layers "
+                        f"(attn_temperature_tuning, on by default above max_model_len 32768) scales queries by the "
+                        f"positions the layer is handed, which for a ropekit checkpoint are the design's, not token "
+                        f"indices; serve with attn_temperature_tuning false in the generation config "
+                        f"(override_generation_config={{'attn_temperature_tuning': False}}) or max_model_len <= 32768"
+                    )
+                if hasattr(attn, "rotary_emb") and attn.rotary_emb is None:
+                    continue  # a layer without positions (Llama 4's NoPE layers): unrotated, as in the patched model
                 geometries, factor = hfstate.rotary(state, table)
                 first, axes = placement.offsets[name]
                 W = geometries[name].W
                 head_size = int(getattr(attn, "head_dim", 0) or vllm_config.model_config.get_head_size())
-                attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables, state.layout)
+                attn.rotary_emb = _Rotary(first, axes, W, factor, head_size, state.float32_tables,
+                                         placement.layout)
                 if getattr(attn, "use_fused_qk_norm_rope_gate", False):
                     # Qwen3.5 on CUDA: one kernel would norm, rotate (reading the stock rotary's cos/sin cache) and
                     # gate q and k; the eager path calls the layer's rotary
@@ -513,10 +530,10 @@ NOT_SERVED = {
         "log-probabilities up to 0.8 away from transformers' from the first token on (tiny random checkpoint, "
         "float32): a difference outside the positions, not found, so the equality the plugin is tested by fails"
     ),
-    **dict.fromkeys(["Llama4ForConditionalGeneration", "Llama4ForCausalLM"], (
-        "Llama 4 rotates q and k as complex numbers (one e^(i theta) per adjacent channel pair) and leaves the "
-        "layers its config marks (no_rope_layers) without positions, neither of which the plugin's rotary does"
-    )),
+    "Llama4ForCausalLM": (
+        "the plugin places Llama 4 prompts with the multimodal model's position code "
+        "(Llama4ForConditionalGeneration, which is served); this text-only class is not wired to it"
+    ),
     "Ernie4_5_VLMoeForConditionalGeneration": (
         "vLLM 0.32's Ernie4_5_VLMoeForConditionalGeneration reads the configuration of the model's remote-code "
         "release (spatial_conv_size, temporal_conv_size, pixel_hidden_size, im_patch_id), not transformers' "

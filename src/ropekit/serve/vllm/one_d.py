@@ -275,6 +275,17 @@ class InternVLPlacement(OneDPlacement):
     )}
 
 
+class Llama4Placement(OneDPlacement):
+    """Llama 4: transformers' model multiplies channels ``(2j, 2j + 1)`` of q and k, read as a complex number, by
+    ``e^(i theta_j)``; vLLM's model permutes the rows of the q and k weights as they load so that pair ``j`` lands on
+    channels ``j`` and ``j + D/2`` and rotates rotate-half pairs (the q/k norm, over all channels of a head, and the
+    scores, over channels of q and k permuted alike, do not see the permutation). The replaced rotary therefore
+    rotates rotate-half pairs with the patch's frequencies. Layers without positions (``no_rope_layers``) have no
+    rotary in vLLM's model and keep none; chunked attention reads token indices, not positions, in both."""
+
+    rotary_layout = "half"
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -283,7 +294,8 @@ def _unprefixed(name: str) -> str:
 
 _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
-               "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement}
+               "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
+               "llama4": Llama4Placement}
 
 
 def placement(arch: str) -> type:
