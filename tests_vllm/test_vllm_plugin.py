@@ -331,3 +331,38 @@ def test_families_vllm_implements_but_cannot_serve_are_refused_for_the_fact_chec
     assert issubclass(cls, models._stock_class(arch))  # vLLM's own class: resolved wherever vLLM keeps it
     with pytest.raises(ValueError, match=rf"{arch} patched by ropekit .*not served because .*{reason}"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
+
+
+def test_llama4_nope_layers_stay_unrotated_and_temperature_tuning_is_refused(tmp_path):
+    """Llama 4's RoPE-free layers have no rotary in vLLM's model and get none; its rotating layers get rotate-half
+    pairs (vLLM permutes q/k weights so the complex pairs lie so). vLLM's temperature tuning of the RoPE-free layers
+    scales queries by the positions the layer is handed (the fact checked), which for a ropekit checkpoint are the
+    design's: refused at load."""
+    import torch
+    import transformers as tf
+    from vllm.model_executor.models.llama4 import Llama4Attention
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import models, one_d
+
+    scale = Llama4Attention._get_attn_scale(SimpleNamespace(floor_scale=8192.0, attn_scale=0.1),
+                                            torch.tensor([0.0, 9000.0]))
+    assert scale[0].item() == 1.0 and scale[1].item() > 1.0  # the positions handed decide the scale
+    config = tf.AutoConfig.from_pretrained(ck.build("llama4", tmp_path, "circle"))
+    placement = one_d.Llama4Placement("Llama4ForConditionalGeneration", config)
+    served = models.RopekitLlama4ForConditionalGeneration
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(get_head_size=lambda: 32))
+    for tuning in (False, True):
+        layers = [SimpleNamespace(self_attn=SimpleNamespace(attn_temperature_tuning=False, rotary_emb=object(),
+                                                            head_dim=32)),
+                  SimpleNamespace(self_attn=SimpleNamespace(attn_temperature_tuning=tuning, rotary_emb=None,
+                                                            head_dim=32))]
+        model = SimpleNamespace(language_model=SimpleNamespace(model=SimpleNamespace(layers=layers)))
+        if tuning:
+            with pytest.raises(ValueError, match=r"temperature tuning .*attn_temperature_tuning"):
+                served._replace_rotaries(model, placement, vllm_config)
+        else:
+            served._replace_rotaries(model, placement, vllm_config)
+            assert isinstance(layers[0].self_attn.rotary_emb, models._Rotary)
+            assert layers[0].self_attn.rotary_emb.layout == "half"
+            assert layers[1].self_attn.rotary_emb is None
