@@ -52,6 +52,12 @@ PADDLE_SPECIAL = ["<|endoftext|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_
 PADDLE_VOCAB = {w: i for i, w in enumerate(WORDS + PADDLE_SPECIAL)}
 
 
+# Command A Vision: an image is <|START_OF_IMG|>, per tile (then the thumbnail) its tokens and <|IMG_LINE_BREAK|>,
+# <|END_OF_IMG|>
+COHERE_SPECIAL = ["<|endoftext|>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "<unk>"]
+COHERE_VOCAB = {w: i for i, w in enumerate(WORDS + COHERE_SPECIAL)}
+
+
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -95,6 +101,8 @@ def _ids(family: str) -> dict:
 def eos(family: str) -> int:
     if family == "paddleocr_vl":
         return PADDLE_VOCAB["<|endoftext|>"]
+    if family == "cohere2_vision":
+        return COHERE_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -256,6 +264,19 @@ def config(family: str):
                                num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4),
             image_grid_pinpoints=[[16, 32], [32, 16]], image_token_id=LLAVA_IMAGE, video_token_id=VOCAB["<video>"],
             vision_feature_layer=-2, vision_feature_select_strategy="default", spatial_pool_stride=2)
+    if family == "cohere2_vision":  # tiles of 56 x 56 pixels, 4 x 4 SigLIP patches pixel-shuffled to 2 x 2 tokens;
+        # a Cohere 2 text model rotating adjacent channel pairs in its sliding-window layer, none in its global one
+        # (the window spans every prompt: vLLM's Cohere 2 window is one token wider than transformers'); vLLM's
+        # Cohere reads logits off the input embeddings, as the released checkpoints tie them, and takes a config
+        # with rms_norm_eps for one normalized by RMSNorm (Cohere 2's is a LayerNorm)
+        text = {k: v for k, v in TEXT.items() if k != "rms_norm_eps"}
+        return tf.Cohere2VisionConfig(
+            text_config=dict(text, model_type="cohere2", eos_token_id=eos(family), bos_token_id=eos(family),
+                             pad_token_id=eos(family), layer_types=["sliding_attention", "full_attention"],
+                             sliding_window=512, tie_word_embeddings=True, logit_scale=1.0),
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14),
+            image_token_id=COHERE_VOCAB["<|IMG_PATCH|>"], downsample_factor=2, alignment_intermediate_size=64)
     raise ValueError(family)
 
 
@@ -281,6 +302,13 @@ def _processor(family: str):
         image = tf.Llama4ImageProcessorFast(size={"height": 56, "width": 56}, max_patches=4)
         return tf.Llama4Processor(image_processor=image, tokenizer=_tokenizer(LLAMA4_VOCAB, LLAMA4_SPECIAL),
                                   patch_size=14, pixel_shuffle_ratio=0.5)
+    if family == "cohere2_vision":  # up to 4 tiles of 56 x 56 pixels (2 x 2 tokens each) and a thumbnail
+        tok = _tokenizer(COHERE_VOCAB, COHERE_SPECIAL, named=dict(
+            boi_token="<|START_OF_IMG|>", eoi_token="<|END_OF_IMG|>", image_token="<|IMG_PATCH|>",
+            img_line_break_token="<|IMG_LINE_BREAK|>"))
+        image = tf.Cohere2VisionImageProcessor(size={"height": 56, "width": 56}, crop_to_patches=True, min_patches=1,
+                                               max_patches=4, patch_size=2)
+        return tf.Cohere2VisionProcessor(image_processor=image, tokenizer=tok)
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -362,7 +390,8 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration", qwen3_5="Qwen3_5ForConditionalGeneration",
                qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
-               llama4="Llama4ForConditionalGeneration")
+               llama4="Llama4ForConditionalGeneration",
+               cohere2_vision="Cohere2VisionForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -86,6 +86,9 @@ MODELS = {
                                     (4, 56, 56)),
     # Llama 4: complex pairs (vLLM: rotate-half on permuted q/k weights), a RoPE-free layer, experts; tiled images
     "llama4-circle-age": ("llama4", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # Command A Vision: tiles and a thumbnail, each a grid of its own; adjacent channel pairs rotating in the
+    # sliding-window layer, no positions in the global one
+    "cohere2_vision-circle": ("cohere2_vision", "circle", {}, (40, 90), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -108,6 +111,7 @@ IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": 
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions
 CAUSAL_ON_CPU = {"gemma3"}
 IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 
 
 def _requests(name):

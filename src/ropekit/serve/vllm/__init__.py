@@ -29,6 +29,7 @@ ONE_D = {
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "LlavaNextVideoForConditionalGeneration": "llava_next_video",
     "Llama4ForConditionalGeneration": "llama4",
+    "Cohere2VisionForConditionalGeneration": "cohere2_vision",
 }
 
 #: architectures served with their patch -> the transformers model type
