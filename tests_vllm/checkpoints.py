@@ -27,6 +27,11 @@ IDEFICS_VOCAB = {w: i for i, w in enumerate(WORDS + IDEFICS_SPECIAL)}
 GEMMA_SPECIAL = ["<|endoftext|>", "<start_of_image>", "<end_of_image>", "<image_soft_token>", "\n", "\n\n", "\n\n\n",
                  "\n\n\n\n", "<unk>"]
 GEMMA_VOCAB = {w: i for i, w in enumerate(WORDS + GEMMA_SPECIAL)}
+# Gemma 4: an image is <|image>, its pooled grid of <|image|>, <image|>; its processor names <|video|>, its config
+# names audio tokens (no audio tower here)
+GEMMA4_SPECIAL = ["<|endoftext|>", "<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>",
+                  "<unk>"]
+GEMMA4_VOCAB = {w: i for i, w in enumerate(WORDS + GEMMA4_SPECIAL)}
 TEXT = dict(hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             vocab_size=80, num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
@@ -230,6 +235,22 @@ def config(family: str):
                                image_size=56, patch_size=14),
             mm_tokens_per_image=4, image_token_index=GEMMA_VOCAB["<image_soft_token>"],
             boi_token_index=GEMMA_VOCAB["<start_of_image>"], eoi_token_index=GEMMA_VOCAB["<end_of_image>"])
+    if family == "gemma4":  # a sliding layer (head 32, base 1e4), a full-attention one (head 64, proportional RoPE,
+        # a quarter of the pairs turning, base 1e6); images as patch grids of 4-pixel patches pooled 2 x 2
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+        v = GEMMA4_VOCAB
+        return tf.Gemma4Config(
+            text_config=dict(TEXT, head_dim=32, global_head_dim=64, sliding_window=512, hidden_size_per_layer_input=8,
+                             vocab_size_per_layer_input=TEXT["vocab_size"], num_hidden_layers=2,
+                             layer_types=["sliding_attention", "full_attention"],
+                             rope_parameters=rope, eos_token_id=EOS, bos_token_id=EOS, pad_token_id=0),
+            vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=2, head_dim=8, patch_size=4, pooling_kernel_size=2,
+                               position_embedding_size=64, default_output_length=70),
+            audio_config=None, image_token_id=v["<|image|>"], boi_token_id=v["<|image>"], eoi_token_id=v["<image|>"],
+            video_token_id=v["<|video|>"], audio_token_id=v["<|audio|>"], boa_token_id=v["<|audio>"],
+            eoa_token_index=v["<audio|>"])
     if family == "llava_onevision":  # LLaVA-NeXT's tiles with a SigLIP tower (no CLS), shrunk past 9 base views
         return tf.LlavaOnevisionConfig(
             text_config=dict(TEXT, model_type="qwen2", eos_token_id=EOS, bos_token_id=EOS),
@@ -356,6 +377,14 @@ def _processor(family: str):
             boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>"))
         image = tf.Gemma3ImageProcessor(size={"height": 56, "width": 56}, do_pan_and_scan=False)
         return tf.Gemma3Processor(image_processor=image, tokenizer=tok, image_seq_length=4)
+    if family == "gemma4":  # images of at most 70 tokens (4-pixel patches pooled 2 x 2)
+        tok = _tokenizer(GEMMA4_VOCAB, GEMMA4_SPECIAL, named=dict(
+            boi_token="<|image>", eoi_token="<image|>", image_token="<|image|>", boa_token="<|audio>",
+            eoa_token="<audio|>", audio_token="<|audio|>"))
+        image = tf.Gemma4ImageProcessor(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+        video = tf.Gemma4VideoProcessor(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+        return tf.Gemma4Processor(feature_extractor=tf.Gemma4AudioFeatureExtractor(), image_processor=image, tokenizer=tok, video_processor=video,
+                                  image_seq_length=70)
     if family == "internvl":
         tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
                                     context_image_token="<IMG_CONTEXT>", video_token="<video>"))
@@ -390,7 +419,7 @@ CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5
 CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm4vMoeForConditionalGeneration",
                glm_ocr="GlmOcrForConditionalGeneration", qwen3_5="Qwen3_5ForConditionalGeneration",
                qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
-               llama4="Llama4ForConditionalGeneration",
+               llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
                cohere2_vision="Cohere2VisionForConditionalGeneration")
 
 

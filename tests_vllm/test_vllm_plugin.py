@@ -112,6 +112,71 @@ def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes
     assert built == ["InternVLForConditionalGeneration", "RopekitInternVLForConditionalGeneration"]
 
 
+def test_gemma4_keeps_vllms_own_config_hook_and_carries_handles_for_a_ropekit_checkpoint_only():
+    """vLLM 0.32 has a config hook of its own for Gemma 4 (attention backends for its two head sizes): the plugin runs
+    it, then declares the M-RoPE section on a ropekit checkpoint's config only."""
+    from vllm.model_executor.models import config as vconfig
+    from vllm.plugins import load_general_plugins
+    from vllm.transformers_utils.config import uses_mrope
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import one_d
+
+    load_general_plugins()
+    ran = []
+    for name in ("Gemma4ForConditionalGeneration", "RopekitGemma4ForConditionalGeneration"):
+        hook = vconfig.MODELS_CONFIG_MAP[name]
+        assert issubclass(hook, one_d.MRoPEHandles) and hook.wraps is vconfig.Gemma4Config
+        stock, patched = ck.config("gemma4"), ck.config("gemma4")
+        patched.ropekit = {"design": "circle"}
+        original = vconfig.Gemma4Config.verify_and_update_model_config
+        try:
+            vconfig.Gemma4Config.verify_and_update_model_config = staticmethod(lambda c: ran.append(c.hf_config))
+            for config in (stock, patched):
+                hook.verify_and_update_model_config(SimpleNamespace(hf_config=config, architecture=name))
+        finally:
+            vconfig.Gemma4Config.verify_and_update_model_config = original
+        assert not uses_mrope(stock) and uses_mrope(patched)
+        assert patched.text_config.rope_parameters == stock.text_config.rope_parameters
+    assert len(ran) == 4  # vLLM's own hook ran on every config
+
+
+def test_gemma4_videos_and_audio_are_refused_at_load_unless_vllm_takes_none():
+    """The plugin places Gemma 4's images only: a model whose vLLM limit admits videos (or audio, with an audio
+    tower) is refused when it loads."""
+    from ropekit.serve.vllm import one_d
+
+    class Stock:
+        def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+            pass
+
+    cls = type("RopekitGemma4ForConditionalGeneration", (one_d.Serving, Stock), {})
+    for audio_config, modality in ((None, "video"), (object(), "video"), (object(), "audio")):
+        limits = {"image": 2, "video": 0, "audio": 0, modality: 1}
+        mm = SimpleNamespace(get_limit_per_prompt=lambda m, limits=limits: limits[m])
+        config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm,
+                                                              hf_config=SimpleNamespace(audio_config=audio_config)))
+        with pytest.raises(ValueError, match=rf"Gemma 4 {modality}.*not served.*limit_mm_per_prompt=\{{'{modality}': 0\}}"):
+            cls(vllm_config=config, prefix="")
+    # no audio tower: vLLM takes no audio, so only the video limit matters
+    mm = SimpleNamespace(get_limit_per_prompt=lambda m: {"image": 2, "video": 0}.get(m, 999))
+    cls(vllm_config=SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm,
+                                                                 hf_config=SimpleNamespace(audio_config=None))))
+
+
+def test_gemma4_whose_pad_token_is_not_0_is_refused():
+    """vLLM 0.32's Gemma 4 takes image tokens' per-layer inputs from token 0, transformers' from the pad token (on the
+    tiny test checkpoint with pad_token_id 60 the stock models differ by 1.03 in a prompt log-probability)."""
+    import checkpoints as ck
+    from ropekit.serve.vllm import one_d
+
+    config = ck.config("gemma4")
+    config.ropekit = {"design": "vanilla"}
+    config.text_config.pad_token_id = 60
+    with pytest.raises(ValueError, match="pad_token_id 60.*token 0's"):
+        one_d.Gemma4Placement("Gemma4ForConditionalGeneration", config)
+
+
 @pytest.mark.parametrize("case, match", [
     (dict(v2=True), "model runner V2 .* VLLM_USE_V2_MODEL_RUNNER=0"),
     (dict(speculative=object()), "speculative decoding"),

@@ -77,6 +77,9 @@ MODELS = {
     "idefics3-circle-age": ("idefics3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # two rotary tables: a sliding-window layer (base 1e4) and a global one (base 1e6, linear scaling)
     "gemma3-circle-age": ("gemma3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # Gemma 4: per-layer-type tables of their own head sizes (sliding: head 32, base 1e4; full attention: head 64,
+    # proportional RoPE, a quarter of the pairs turning, base 1e6); images of any aspect ratio as pooled patch grids
+    "gemma4-circle-age": ("gemma4", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # LLaVA-NeXT's tiles, shrunk past anyres_max; images no more oblong than the one vLLM 0.32 sizes its encoder
     # cache by
     "llava_onevision-circle-age": ("llava_onevision", ("circle", "vanilla"), dict(age="alternate"), (47, 58),
@@ -105,7 +108,7 @@ TOL_BF16_MEAN = 0.02
 #: the placeholder of one image in a prompt, by family
 IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]",
                 "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "gemma3": "<start_of_image>",
-                "llama4": "<|image|>"}
+                "llama4": "<|image|>", "gemma4": "<|image|>"}
 #: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions

@@ -30,6 +30,7 @@ ONE_D = {
     "LlavaNextVideoForConditionalGeneration": "llava_next_video",
     "Llama4ForConditionalGeneration": "llama4",
     "Cohere2VisionForConditionalGeneration": "cohere2_vision",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -18,6 +18,7 @@ serves them through the same path as the M-RoPE families (:mod:`.models`):
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -50,18 +51,49 @@ class MRoPEHandles:
         return
 
 
+#: vLLM 0.32's own config hooks of served architectures, which the plugin's hook runs before its own: Gemma 4's
+#: picks attention backends for its two head sizes and touches no position setting
+CHAINED_HOOKS = ("Gemma4Config",)
+
+
+def _chained(hook: type) -> type:
+    """:class:`MRoPEHandles` run after vLLM's own ``hook`` of the architecture."""
+
+    class Chained(MRoPEHandles):
+        wraps = hook
+
+        @staticmethod
+        def verify_and_update_model_config(model_config: Any) -> None:
+            hook.verify_and_update_model_config(model_config)
+            MRoPEHandles.verify_and_update_model_config(model_config)
+
+        @staticmethod
+        def verify_and_update_config(vllm_config: Any) -> None:
+            hook.verify_and_update_config(vllm_config)
+
+    Chained.__name__ = Chained.__qualname__ = f"MRoPEHandles_{hook.__name__}"
+    return Chained
+
+
 def register_config_hooks(names: list[str]) -> None:
-    """Put :class:`MRoPEHandles` in vLLM's config hooks under each of ``names``; refuse where vLLM has its own."""
+    """Put :class:`MRoPEHandles` in vLLM's config hooks under each of ``names``, after vLLM's own where the plugin was
+    tested with it (:data:`CHAINED_HOOKS`); refuse where vLLM has another."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     for name in names:
-        hook = MODELS_CONFIG_MAP.get(name)
-        if hook is not None and hook is not MRoPEHandles:
+        # vLLM's own hook of the architecture; a ropekit checkpoint names it with the prefix, which vLLM does not know
+        hook = MODELS_CONFIG_MAP.get(_unprefixed(name))
+        if isinstance(hook, type) and issubclass(hook, MRoPEHandles):  # registered before (vLLM loads plugins in
+            hook = getattr(hook, "wraps", None)  # every process, and may call them again)
+        if hook is None:
+            MODELS_CONFIG_MAP[name] = MRoPEHandles
+        elif hook.__name__ in CHAINED_HOOKS:
+            MODELS_CONFIG_MAP[name] = _chained(hook)
+        else:
             raise RuntimeError(
                 f"ropekit vLLM plugin: vLLM has a config hook of its own for {name} ({hook.__name__}); the plugin "
                 f"would replace it. This vLLM release is not one the plugin was tested with"
             )
-        MODELS_CONFIG_MAP[name] = MRoPEHandles
 
 
 class OneDPlacement(_Placement):
@@ -102,11 +134,20 @@ class OneDPlacement(_Placement):
             # does not matter to the placement (each image's grid comes from the vision config and the fields
             # above), so none are made
             given["pixel_values"] = self.pixels(len(items["image"]))
-            given.update({name: torch.stack(values) for name, values in fields.items()})
+            given.update({name: self.stack(name, values) for name, values in fields.items()})
         if items["video"]:
             given["pixel_values_videos"] = self.video_pixels(items["video"], where)
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+    def stack(self, name: str, values: list) -> torch.Tensor:
+        """The per-image ``fields`` values of a prompt as the one tensor the adapter reads under ``name``."""
+        return torch.stack(values)
+
+    @classmethod
+    def unserved_inputs(cls, hf_config: Any) -> dict:
+        """:attr:`unserved` for a checkpoint of config ``hf_config``."""
+        return cls.unserved
 
     def pixels(self, count: int) -> torch.Tensor:
         """A stand-in for the pixels of ``count`` images (on the meta device: nothing is allocated)."""
@@ -160,7 +201,8 @@ class Serving:
     def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
         arch = type(self).__name__
         mm = vllm_config.model_config.multimodal_config
-        for modality, why in placement(_unprefixed(arch)).unserved.items():
+        unserved = placement(_unprefixed(arch)).unserved_inputs(getattr(vllm_config.model_config, "hf_config", None))
+        for modality, why in unserved.items():
             if mm is not None and mm.get_limit_per_prompt(modality) > 0:
                 raise ValueError(
                     f"ropekit vLLM plugin ({arch}): {why}, so a prompt holding one would be refused mid-serving; "
@@ -286,6 +328,79 @@ class Llama4Placement(OneDPlacement):
     rotary_layout = "half"
 
 
+class Gemma4Placement(OneDPlacement):
+    """Gemma 4: an image's token grid is its patch grid pooled ``k × k``, which the image's token count does not
+    tell; vLLM keeps each image's patch coordinates (``pixel_position_ids``, ``(-1, -1)`` on padding) with the
+    request, and the adapter reads them as ``image_position_ids``."""
+
+    fields = ("image_position_ids",)
+    unserved = {"video": (
+        "Gemma 4 videos are not served: vLLM 0.32 writes each frame's timestamp and tokens itself, and the plugin "
+        "places images only"
+    )}
+
+    @classmethod
+    def unserved_inputs(cls, hf_config: Any) -> dict:
+        if getattr(hf_config, "audio_config", None) is None:
+            return cls.unserved  # vLLM takes no audio for a model without an audio tower
+        return {**cls.unserved, "audio": (
+            "Gemma 4 audio is not served: the plugin places images only (the patched transformers model places "
+            "audio tokens as text, untested in vLLM)"
+        )}
+
+    #: how many images' patch grids are remembered (most recently used first; two ints each)
+    remembered = 1 << 18
+
+    def __init__(self, arch: str, hf_config: Any):
+        text = hf_config.get_text_config()
+        if getattr(text, "hidden_size_per_layer_input", None) and getattr(text, "pad_token_id", 0) != 0:
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): the checkpoint's text config has pad_token_id {text.pad_token_id}; "
+                f"vLLM 0.32 computes Gemma 4's per-layer inputs of image tokens as token 0's, transformers as the pad "
+                f"token's, so they differ unless pad_token_id is 0 (as in Gemma 4's releases), stock checkpoint too"
+            )
+        super().__init__(arch, hf_config)
+        self.grids: OrderedDict = OrderedDict()  # vLLM's identifier of an image -> its (patch rows, patch columns)
+
+    def image_fields(self, feature: Any, where: str) -> dict:
+        """The image's patch coordinates. Where the prefix cache covers an image, vLLM drops its data from the request
+        (it keeps only fields it marks as kept on the CPU, which these are not), so the grid of each image placed is
+        remembered under vLLM's identifier of the image (a hash of its pixels and processing)."""
+        value = None if feature.data is None else feature.data.get("pixel_position_ids")
+        key = feature.identifier
+        if value is not None:
+            coords = torch.as_tensor(value.data).reshape(-1, 2)
+            coords = coords[(coords != -1).all(-1)]
+            if len(coords):
+                rows, cols = int(coords[:, 1].max()) + 1, int(coords[:, 0].max()) + 1
+                if torch.equal(coords, _row_major(rows, cols)):  # a grid the processor makes (else the adapter refuses)
+                    self.grids[key] = (rows, cols)
+                    self.grids.move_to_end(key)
+                    while len(self.grids) > self.remembered:
+                        self.grids.popitem(last=False)
+            return {"image_position_ids": coords}
+        grid = self.grids.get(key)
+        if grid is None:
+            raise ValueError(
+                f"{where}: vLLM handed no 'pixel_position_ids' for an image (it drops them where the prefix cache covers "
+                f"the image) and the image is not among the {self.remembered} last placed, so its patch grid, which "
+                f"decides its tokens' positions, is unknown"
+            )
+        self.grids.move_to_end(key)
+        return {"image_position_ids": _row_major(*grid)}
+
+    def stack(self, name: str, values: list) -> torch.Tensor:
+        """Each image's patch coordinates, padded with ``(-1, -1)`` to the longest."""
+        longest = max(len(v) for v in values)
+        return torch.stack([torch.cat([v, v.new_full((longest - len(v), 2), -1)]) for v in values])
+
+
+def _row_major(rows: int, cols: int) -> torch.Tensor:
+    """``(x, y)`` of each patch of a ``rows × cols`` grid, row by row (as Gemma 4's processor lists them)."""
+    ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    return torch.stack([xs.flatten(), ys.flatten()], -1)
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -295,7 +410,7 @@ def _unprefixed(name: str) -> str:
 _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
                "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
-               "llama4": Llama4Placement}
+               "llama4": Llama4Placement, "gemma4": Gemma4Placement}
 
 
 def placement(arch: str) -> type:
