@@ -298,6 +298,15 @@ def config(family: str):
             vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32,
                                num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14),
             image_token_id=COHERE_VOCAB["<|IMG_PATCH|>"], downsample_factor=2, alignment_intermediate_size=64)
+    if family == "exaone4_5":  # Qwen2.5-VL's vision tower in an EXAONE 4 text model, rotating in its sliding-window
+        # layer only (the window spans every prompt)
+        return tf.Exaone4_5_Config(
+            text_config=dict(TEXT, model_type="exaone4", eos_token_id=EOS, bos_token_id=EOS, pad_token_id=EOS,
+                             layer_types=["sliding_attention", "full_attention"], sliding_window=512),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               num_key_value_heads=1, spatial_merge_size=2, fullatt_block_indexes=[0], patch_size=14,
+                               temporal_patch_size=2, window_size=56),
+            image_token_id=IMAGE, video_token_id=VIDEO)
     raise ValueError(family)
 
 
@@ -404,6 +413,8 @@ def _processor(family: str):
     image = tf.Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size)
     video = tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
                                      do_sample_frames=False)
+    if family == "exaone4_5":
+        return tf.Exaone4_5_Processor(image_processor=image, tokenizer=tok, video_processor=video)
     cls = tf.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else tf.Qwen2VLProcessor
     return cls(image_processor=image, tokenizer=tok, video_processor=video)
 
@@ -420,7 +431,8 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                glm_ocr="GlmOcrForConditionalGeneration", qwen3_5="Qwen3_5ForConditionalGeneration",
                qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
                llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
-               cohere2_vision="Cohere2VisionForConditionalGeneration")
+               cohere2_vision="Cohere2VisionForConditionalGeneration",
+               exaone4_5="Exaone4_5_ForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

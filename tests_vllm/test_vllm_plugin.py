@@ -431,3 +431,34 @@ def test_llama4_nope_layers_stay_unrotated_and_temperature_tuning_is_refused(tmp
             assert isinstance(layers[0].self_attn.rotary_emb, models._Rotary)
             assert layers[0].self_attn.rotary_emb.layout == "half"
             assert layers[1].self_attn.rotary_emb is None
+
+
+def test_exaone4_5_is_refused_unless_its_pixels_are_normalized_by_the_processor():
+    """vLLM 0.32's EXAONE 4.5 takes Qwen2.5-VL's device-side pixel normalization (its processor then leaves pixels
+    unnormalized) but builds a vision tower without that normalization: the plugin refuses the setting at load."""
+    import inspect
+
+    from vllm.model_executor.models.exaone4_5 import Exaone4_5_ForConditionalGeneration
+    from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+
+    from ropekit.serve.vllm import one_d
+
+    assert Exaone4_5_ForConditionalGeneration.supports_mm_device_do_normalize
+    assert "input_norm=" in inspect.getsource(Qwen2_5_VLForConditionalGeneration.__init__)
+    assert "input_norm" not in inspect.getsource(Exaone4_5_ForConditionalGeneration.__init__)
+    built = []
+
+    class Stock:
+        def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+            built.append(prefix)
+
+    cls = type("RopekitExaone4_5_ForConditionalGeneration", (one_d.Serving, Stock), {})
+    for normalize in (True, False):
+        mm = SimpleNamespace(mm_device_do_normalize=normalize, get_limit_per_prompt=lambda modality: 0)
+        config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm))
+        if normalize:
+            with pytest.raises(ValueError, match="vision tower does not normalize them.*mm_device_do_normalize=False"):
+                cls(vllm_config=config, prefix="on")
+        else:
+            cls(vllm_config=config, prefix="off")
+    assert built == ["off"]

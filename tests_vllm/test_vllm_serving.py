@@ -92,6 +92,8 @@ MODELS = {
     # Command A Vision: tiles and a thumbnail, each a grid of its own; adjacent channel pairs rotating in the
     # sliding-window layer, no positions in the global one
     "cohere2_vision-circle": ("cohere2_vision", "circle", {}, (40, 90), None),
+    # EXAONE 4.5: Qwen2.5-VL's tower (images by their patch grids) in a 1-D EXAONE 4 text model
+    "exaone4_5-circle-age": ("exaone4_5", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -115,6 +117,9 @@ IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": 
 CAUSAL_ON_CPU = {"gemma3"}
 IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
+IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
+#: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
+ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
 
 
 def _requests(name):
@@ -151,7 +156,8 @@ def served(request, tmp_path_factory):
     llm = LLM(model=str(path), dtype=_dtype(family), max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
               limit_mm_per_prompt=({"video": 1} if MODELS[name][3] is None
-                                   else {"image": 2, "video": 1 if MODELS[name][4] else 0}), seed=0)
+                                   else {"image": 2, "video": 1 if MODELS[name][4] else 0}), seed=0,
+              **ENGINE.get(family, {}))
     llm.apply_model(_watch_placements)
     yield name, path, llm
     del llm

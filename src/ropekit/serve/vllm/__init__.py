@@ -31,6 +31,7 @@ ONE_D = {
     "Llama4ForConditionalGeneration": "llama4",
     "Cohere2VisionForConditionalGeneration": "cohere2_vision",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Exaone4_5_ForConditionalGeneration": "exaone4_5",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -112,6 +112,10 @@ class OneDPlacement(_Placement):
         super().__init__(arch, hf_config)
         self.arch = arch
 
+    @staticmethod
+    def check_engine(arch: str, vllm_config: Any) -> None:
+        """Refuse, naming the fix, an engine setting under which vLLM's model of the family misreads its inputs."""
+
     def place(self, input_tokens: list[int], mm_features: list):
         from ...hf import hooks
 
@@ -201,6 +205,7 @@ class Serving:
     def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
         arch = type(self).__name__
         mm = vllm_config.model_config.multimodal_config
+        placement(_unprefixed(arch)).check_engine(arch, vllm_config)
         unserved = placement(_unprefixed(arch)).unserved_inputs(getattr(vllm_config.model_config, "hf_config", None))
         for modality, why in unserved.items():
             if mm is not None and mm.get_limit_per_prompt(modality) > 0:
@@ -401,6 +406,30 @@ def _row_major(rows: int, cols: int) -> torch.Tensor:
     return torch.stack([xs.flatten(), ys.flatten()], -1)
 
 
+class Exaone4_5Placement(OneDPlacement):
+    """EXAONE 4.5: an image's token grid is its patch grid ``image_grid_thw`` merged by the tower, which vLLM keeps
+    with the request (its model is vLLM's Qwen2.5-VL with EXAONE 4's language model)."""
+
+    fields = ("image_grid_thw",)
+    unserved = {"video": (
+        "EXAONE 4.5 videos are not served: the plugin does not place a video from vLLM's inputs of this family"
+    )}
+
+    @staticmethod
+    def check_engine(arch: str, vllm_config: Any) -> None:
+        mm = vllm_config.model_config.multimodal_config
+        if mm is not None and getattr(mm, "mm_device_do_normalize", False):
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): with mm_device_do_normalize on (vLLM's default for this model) vLLM "
+                f"0.32's processor leaves EXAONE 4.5's pixels unnormalized for the model to normalize, and its EXAONE "
+                f"4.5 vision tower does not normalize them (the stock checkpoint's images are misread as well); start "
+                f"vLLM with mm_device_do_normalize=False"
+            )
+
+    def image_fields(self, feature: Any, where: str) -> dict:
+        return {name: value.reshape(3).long() for name, value in super().image_fields(feature, where).items()}
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -410,7 +439,8 @@ def _unprefixed(name: str) -> str:
 _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
                "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
-               "llama4": Llama4Placement, "gemma4": Gemma4Placement}
+               "llama4": Llama4Placement, "gemma4": Gemma4Placement,
+               "exaone4_5": Exaone4_5Placement}
 
 
 def placement(arch: str) -> type:
