@@ -61,6 +61,11 @@ PADDLE_VOCAB = {w: i for i, w in enumerate(WORDS + PADDLE_SPECIAL)}
 # <|END_OF_IMG|>
 COHERE_SPECIAL = ["<|endoftext|>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "<unk>"]
 COHERE_VOCAB = {w: i for i, w in enumerate(WORDS + COHERE_SPECIAL)}
+# LFM2-VL: an image is <|image_start|>, per tile its marker and tokens, <|img_thumbnail|> and the thumbnail's tokens,
+# <|image_end|>
+LFM2_SPECIAL = (["<|endoftext|>", "<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"]
+                + [f"<|img_row_{r}_col_{c}|>" for r in (1, 2) for c in (1, 2)] + ["<unk>"])
+LFM2_VOCAB = {w: i for i, w in enumerate(WORDS + LFM2_SPECIAL)}
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
@@ -108,6 +113,8 @@ def eos(family: str) -> int:
         return PADDLE_VOCAB["<|endoftext|>"]
     if family == "cohere2_vision":
         return COHERE_VOCAB["<|endoftext|>"]
+    if family == "lfm2_vl":
+        return LFM2_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -307,6 +314,19 @@ def config(family: str):
                                num_key_value_heads=1, spatial_merge_size=2, fullatt_block_indexes=[0], patch_size=14,
                                temporal_patch_size=2, window_size=56),
             image_token_id=IMAGE, video_token_id=VIDEO)
+    if family == "lfm2_vl":  # a SigLIP2 NaFlex tower (4-pixel patches, 2 x 2 of them per token) in an LFM2 text
+        # model of a short-convolution layer (no positions) and an attention layer; vLLM 0.32's LFM2 reads the
+        # widths block_dim and conv_dim, which LFM2's released configs carry and transformers' takes as hidden_size
+        text = {k: v for k, v in TEXT.items() if k not in ("rms_norm_eps", "head_dim")}
+        e = eos(family)
+        return tf.Lfm2VlConfig(
+            text_config=dict(text, model_type="lfm2", eos_token_id=e, bos_token_id=e, pad_token_id=e,
+                             layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False,
+                             block_dim=64, conv_dim=64, norm_eps=1e-6, tie_word_embeddings=True),
+            vision_config=dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=1, num_attention_heads=2, patch_size=4, num_patches=64,
+                               vision_use_head=False),  # as LFM2-VL's releases: vLLM's tower has no pooling head
+            image_token_id=LFM2_VOCAB["<image>"], downsample_factor=2, projector_hidden_size=64)
     raise ValueError(family)
 
 
@@ -339,6 +359,10 @@ def _processor(family: str):
         image = tf.Cohere2VisionImageProcessor(size={"height": 56, "width": 56}, crop_to_patches=True, min_patches=1,
                                                max_patches=4, patch_size=2)
         return tf.Cohere2VisionProcessor(image_processor=image, tokenizer=tok)
+    if family == "lfm2_vl":  # tiles of 16 x 16 pixels (2 x 2 tokens each), up to 2 x 2 of them, and a thumbnail
+        image = tf.Lfm2VlImageProcessor(encoder_patch_size=4, tile_size=16, min_tiles=2, max_tiles=4,
+                                        min_image_tokens=1, max_image_tokens=16, downsample_factor=2)
+        return tf.Lfm2VlProcessor(image_processor=image, tokenizer=_tokenizer(LFM2_VOCAB, LFM2_SPECIAL))
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -432,7 +456,7 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
                llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
                cohere2_vision="Cohere2VisionForConditionalGeneration",
-               exaone4_5="Exaone4_5_ForConditionalGeneration")
+               exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -94,6 +94,9 @@ MODELS = {
     "cohere2_vision-circle": ("cohere2_vision", "circle", {}, (40, 90), None),
     # EXAONE 4.5: Qwen2.5-VL's tower (images by their patch grids) in a 1-D EXAONE 4 text model
     "exaone4_5-circle-age": ("exaone4_5", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
+    # LFM2-VL: tiles and a thumbnail, each a grid of its own, in a text model of a short-convolution layer (no
+    # positions) and an attention layer
+    "lfm2_vl-circle": ("lfm2_vl", "circle", {}, (48, 32), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -118,6 +121,7 @@ CAUSAL_ON_CPU = {"gemma3"}
 IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
+IMAGE_PROMPT["lfm2_vl"] = "<image>"
 #: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
 

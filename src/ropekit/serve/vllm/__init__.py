@@ -32,6 +32,7 @@ ONE_D = {
     "Cohere2VisionForConditionalGeneration": "cohere2_vision",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Exaone4_5_ForConditionalGeneration": "exaone4_5",
+    "Lfm2VlForConditionalGeneration": "lfm2_vl",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -430,6 +430,18 @@ class Exaone4_5Placement(OneDPlacement):
         return {name: value.reshape(3).long() for name, value in super().image_fields(feature, where).items()}
 
 
+class Lfm2VlPlacement(OneDPlacement):
+    """LFM2-VL: an image's tiles and thumbnail are grids of their own, each its patch grid (``spatial_shapes``, one row
+    per tile, which vLLM keeps with the request on the CPU) pooled by ``downsample_factor``. Only the attention layers
+    of vLLM's LFM2 hold a ``self_attn`` and get the replaced rotary; its short-convolution layers take no positions."""
+
+    fields = ("spatial_shapes",)
+
+    def stack(self, name: str, values: list) -> torch.Tensor:
+        """Every tile of the prompt's images, in order (as the processor lists them)."""
+        return torch.cat([v.reshape(-1, 2) for v in values]).long()
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -440,7 +452,7 @@ _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
                "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
                "llama4": Llama4Placement, "gemma4": Gemma4Placement,
-               "exaone4_5": Exaone4_5Placement}
+               "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement}
 
 
 def placement(arch: str) -> type:
