@@ -96,7 +96,7 @@ MODELS = {
     "exaone4_5-circle-age": ("exaone4_5", ("circle", "vanilla"), dict(age="alternate"), (56, 84), None),
     # LFM2-VL: tiles and a thumbnail, each a grid of its own, in a text model of a short-convolution layer (no
     # positions) and an attention layer
-    "lfm2_vl-circle": ("lfm2_vl", "circle", {}, (48, 32), None),
+    "lfm2_vl-circle": ("lfm2_vl", "circle", {}, (64, 40), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
