@@ -10,6 +10,7 @@ reference the packing tests compare a packed row with.
 import re
 
 import pytest
+import torch
 
 from ropekit.hf import is_patched, patch_model, supported_models, unpatch_model
 
@@ -112,3 +113,18 @@ def runs_alone(model, samples):
             logits.append(out)
             losses.append(torch.nn.functional.cross_entropy(out[:-1], s["input_ids"][0, 1:], reduction="sum"))
     return torch.cat(logits), torch.stack(losses).sum()
+
+
+def left_padded(rows, pad: int, *columns):
+    """Token rows of unequal length left-padded into a batch: ``(input_ids, attention_mask, *columns)``, each
+    further column (per-token lists, e.g. token types) padded with zeros alike."""
+    L = max(map(len, rows))
+    input_ids = torch.full((len(rows), L), pad)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    extra = [torch.zeros(len(rows), L, dtype=torch.long) for _ in columns]
+    for b, ids in enumerate(rows):
+        input_ids[b, L - len(ids):] = torch.tensor(ids)
+        mask[b, L - len(ids):] = 1
+        for out, col in zip(extra, columns):
+            out[b, L - len(ids):] = torch.tensor(col[b])
+    return (input_ids, mask, *extra)

@@ -22,7 +22,8 @@ import ropekit
 from ropekit import Image, Layout, Text, Video
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, supported_models
 
-from hf_compat import assert_refused_by_name, assert_checkpointing_keeps_gradients, ready_to_generate, restore
+from hf_compat import (assert_refused_by_name, assert_checkpointing_keeps_gradients, left_padded, ready_to_generate,
+                       restore)
 
 IMG, VID, PAD = 70, 71, 0
 DESIGNS = [d for d in ropekit.designs() if ropekit.get_design(d).allocation != "mhrope"]
@@ -191,14 +192,7 @@ def make_batch(family: Family, samples, seed=0):
         rows.append(ids)
         types.append(tt)
         layouts.append(lay)
-    L = max(map(len, rows))
-    input_ids = torch.full((len(rows), L), PAD)
-    mm = torch.zeros(len(rows), L, dtype=torch.long)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
-    for b, (ids, tt) in enumerate(zip(rows, types)):
-        input_ids[b, L - len(ids):] = torch.tensor(ids)
-        mm[b, L - len(ids):] = torch.tensor(tt)
-        mask[b, L - len(ids):] = 1
+    input_ids, mask, mm = left_padded(rows, PAD, types)
     inputs = dict(input_ids=input_ids, mm_token_type_ids=mm, attention_mask=mask)
     if img:
         grids = torch.tensor([[1, h, w] for h, w in img])

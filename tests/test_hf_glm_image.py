@@ -22,7 +22,7 @@ from ropekit import Image, Layout, Text
 from ropekit.hf.boundary import CACHE_NAMES
 from ropekit.hf import is_patched, last_positions, layer_designs, patch_model, position_ids, supported_models
 
-from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
+from hf_compat import assert_checkpointing_keeps_gradients, left_padded, ready_to_generate, restore
 from test_hf_families_3axis import DESIGNS, IMG, PAD, TEXT
 
 HAS_GLM_IMAGE = hasattr(T, "GlmImageForConditionalGeneration")
@@ -94,12 +94,7 @@ def make_batch(samples, seed=0, generated=0):
         grids += sources + [[1, h, w] for h, w in targets]
         per_sample.append(len(sources) + len(targets))
         layouts.append(lay + [Image(h, w) for h, w in reversed(targets)])
-    L = max(map(len, rows))
-    input_ids = torch.full((len(rows), L), PAD)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
-    for b, ids in enumerate(rows):
-        input_ids[b, L - len(ids):] = torch.tensor(ids)
-        mask[b, L - len(ids):] = 1
+    input_ids, mask = left_padded(rows, PAD)
     inputs = dict(input_ids=input_ids, attention_mask=mask)
     if grids:
         inputs.update(image_grid_thw=torch.tensor(grids), images_per_sample=torch.tensor(per_sample))

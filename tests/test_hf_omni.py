@@ -25,7 +25,7 @@ from ropekit import Audio, Image, Text, Video, VideoAudio
 from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models
 from ropekit.hf.boundary import UnsupportedTransformersError
 
-from hf_compat import assert_checkpointing_keeps_gradients, ready_to_generate, restore
+from hf_compat import assert_checkpointing_keeps_gradients, left_padded, ready_to_generate, restore
 from test_hf_families_3axis import _logits, assert_every_design_places_its_positions, reference_positions
 
 IMG, VID, AUD, V_START, V_END, A_START, A_END, PAD = 70, 71, 72, 73, 74, 75, 76, 0
@@ -168,12 +168,7 @@ def make_batch(family, samples, seed=0):
                 seconds.append(sec)
         rows.append(ids)
         layouts.append(lay)
-    L = max(map(len, rows))
-    input_ids = torch.full((len(rows), L), PAD)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
-    for b, ids in enumerate(rows):
-        input_ids[b, L - len(ids):] = torch.tensor(ids)
-        mask[b, L - len(ids):] = 1
+    input_ids, mask = left_padded(rows, PAD)
     inputs = dict(input_ids=input_ids, attention_mask=mask)
     if img:
         grids = torch.tensor(img)

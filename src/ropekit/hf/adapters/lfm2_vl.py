@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .base import partial_rotary_dim
-from .llava import Llava, encoded_images, place_items
+from .llava import Llava, encoded_images, place_items, pooled_items
 
 
 class Lfm2Vl(Llava):
@@ -51,13 +51,6 @@ class Lfm2Vl(Llava):
                 "token count)"
             )
         f = inner.config.downsample_factor
-        items = []
-        for i, (h, w) in enumerate(torch.as_tensor(shapes).reshape(-1, 2).tolist()):
-            if h < f or w < f or h % f or w % f:
-                raise ValueError(
-                    f"patched LFM2-VL: image {i} has {h} x {w} patches (spatial_shapes), no whole number of "
-                    f"{f} x {f} windows (downsample_factor), as the processor makes them"
-                )
-            items.append([(1, h // f, w // f)])
+        items = pooled_items(shapes, f, f, "patched LFM2-VL (spatial_shapes, downsample_factor): image")
         types, grids = place_items(types, 1, items, "image")
         return types, grids, None

@@ -112,6 +112,19 @@ def encoded_images(kwargs: dict) -> Any:
 Item = list  # one image or video as the model fills its tokens: ints (that many text tokens) and (t, h, w) grids
 
 
+def pooled_items(sizes: Any, fh: int, fw: int, what: str) -> list[Item]:
+    """One grid item per row ``(h, w)`` of ``sizes`` (patch rows and columns per image or tile), each token holding an
+    ``fh × fw`` window of patches; ``what`` names them in the error raised when a size is no whole number of windows
+    (``"patched LFM2-VL: image"`` gives "patched LFM2-VL: image 0 has ...")."""
+    items = []
+    for i, (h, w) in enumerate(torch.as_tensor(sizes).reshape(-1, 2).tolist()):
+        if h < fh or w < fw or h % fh or w % fw:
+            raise ValueError(f"{what} {i} has {h} x {w} patches, no whole number of the {fh} x {fw} patch windows "
+                             f"each token holds, as the processor makes them")
+        items.append([(1, h // fh, w // fw)])
+    return items
+
+
 def place_items(types: torch.Tensor, kind: int, items: Optional[list[Item]], what: str) -> tuple[torch.Tensor, Any]:
     """Cut the tokens of ``kind`` (in batch-row order, as the model fills them) into ``items`` in order.
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .base import partial_rotary_dim
-from .llava import Llava, encoded_images, place_items
+from .llava import Llava, encoded_images, place_items, pooled_items
 
 
 #: the oldest transformers release ropekit was tested with whose window merger (``"16x"``) takes crops of several
@@ -103,14 +103,7 @@ class MiniCPMV4_6(Llava):
                     f"{sizes_name} (each crop's patch rows and columns, which decide its token grid; encoded features "
                     f"carry only the token count)"
                 )
-            items = []
-            for i, (h, w) in enumerate(torch.as_tensor(sizes).reshape(-1, 2).tolist()):
-                if h < fh or w < fw or h % fh or w % fw:
-                    raise ValueError(
-                        f"patched MiniCPM-V 4.6: {what} crop {i} has {h} x {w} patches ({sizes_name}), no whole "
-                        f"number of the {fh} x {fw} patch windows each token holds, as the processor makes them"
-                    )
-                items.append([(1, h // fh, w // fw)])
+            items = pooled_items(sizes, fh, fw, f"patched MiniCPM-V 4.6 ({sizes_name}): {what} crop")
             types, grids = place_items(types, kind, items, what)
             out.append(grids)
         return types, out[0], out[1]
