@@ -196,7 +196,8 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm/torchvision_without_ops.py
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchaudio torchcodec
 	cp requirements/vllm/torchvision_without_ops.py "$(VLLM_SITE)/_ropekit_torchvision_without_ops.py"
 	echo "import _ropekit_torchvision_without_ops" > "$(VLLM_SITE)/_ropekit_torchvision_without_ops.pth"
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[hf]" pytest "$(TORCH_SPEC)"
+	# num2words: transformers' SmolVLM processor, which vLLM runs for SmolVLM, refuses to start without it
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[hf]" pytest num2words "$(TORCH_SPEC)"
 	touch $@
 
 # serving ropekit checkpoints with vLLM (docs/serving.md): tests_vllm/ in .venv-vllm

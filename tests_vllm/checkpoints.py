@@ -225,8 +225,9 @@ def config(family: str):
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=[56, 56], patch_size=[14, 14]),
             image_token_id=VOCAB["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5)
-    if family == "idefics3":  # tiles of 56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens
-        return tf.Idefics3Config(
+    if family in ("idefics3", "smolvlm"):  # tiles of 56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens
+        cls = tf.SmolVLMConfig if family == "smolvlm" else tf.Idefics3Config
+        return cls(
             text_config=dict(TEXT, model_type="llama", eos_token_id=EOS, bos_token_id=EOS),
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=56, patch_size=14),
@@ -405,6 +406,12 @@ def _processor(family: str):
                                           do_image_splitting=True)
         return tf.Idefics3Processor(image_processor=image, tokenizer=_tokenizer(IDEFICS_VOCAB, IDEFICS_SPECIAL),
                                     image_seq_len=4)
+    if family == "smolvlm":  # Idefics3's tiles and markers (its processor needs the num2words package)
+        image = tf.SmolVLMImageProcessor(size={"longest_edge": 112}, max_image_size={"longest_edge": 56},
+                                         do_image_splitting=True)
+        video = tf.SmolVLMVideoProcessor(size={"longest_edge": 56}, max_image_size={"longest_edge": 56})
+        return tf.SmolVLMProcessor(image_processor=image, tokenizer=_tokenizer(IDEFICS_VOCAB, IDEFICS_SPECIAL),
+                                   video_processor=video, image_seq_len=4)
     if family == "gemma3":  # no pan and scan: an image is one 56 x 56 view
         tok = _tokenizer(GEMMA_VOCAB, GEMMA_SPECIAL, named=dict(
             boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>"))
@@ -456,7 +463,8 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                qwen3_5_moe="Qwen3_5MoeForConditionalGeneration", paddleocr_vl="PaddleOCRVLForConditionalGeneration",
                llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
                cohere2_vision="Cohere2VisionForConditionalGeneration",
-               exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration")
+               exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
+               smolvlm="SmolVLMForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -53,15 +53,12 @@ def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
 
 
 def test_a_1d_family_not_served_is_refused_with_its_reason():
-    """SmolVLM is refused because its processor needs num2words, which this environment lacks (the fact checked)."""
-    import importlib.util
-
+    """Llama 4's text-only class is refused: the plugin places Llama 4 prompts with the multimodal model's code."""
     from ropekit.serve.vllm import models
 
-    assert importlib.util.find_spec("num2words") is None  # else: test SmolVLM and serve it (Idefics3's layout)
-    cls = getattr(models, "RopekitSmolVLMForConditionalGeneration")
-    with pytest.raises(ValueError, match=r"SmolVLMForConditionalGeneration patched by ropekit .*not served because "
-                                         r"its processor .* needs the num2words package"):
+    cls = getattr(models, "RopekitLlama4ForCausalLM")
+    with pytest.raises(ValueError, match=r"Llama4ForCausalLM patched by ropekit .*not served because the plugin "
+                                         r"places Llama 4 prompts with the multimodal model's position code"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 

@@ -75,6 +75,8 @@ MODELS = {
     "internvl-circle-age": ("internvl", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # split images: tiles with their row/column tags, then the whole image, each a grid of its own
     "idefics3-circle-age": ("idefics3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # SmolVLM: Idefics3's layout, vLLM's Idefics3 model with SmolVLM's processor
+    "smolvlm-circle-age": ("smolvlm", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # two rotary tables: a sliding-window layer (base 1e4) and a global one (base 1e6, linear scaling)
     "gemma3-circle-age": ("gemma3", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # Gemma 4: per-layer-type tables of their own head sizes (sliding: head 32, base 1e4; full attention: head 64,
@@ -112,7 +114,7 @@ TOL_BF16 = 0.075
 TOL_BF16_MEAN = 0.02
 #: the placeholder of one image in a prompt, by family
 IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "mistral3": "[IMG]",
-                "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "gemma3": "<start_of_image>",
+                "internvl": "<IMG_CONTEXT>", "idefics3": "<image>", "smolvlm": "<image>", "gemma3": "<start_of_image>",
                 "llama4": "<|image|>", "gemma4": "<|image|>"}
 #: families whose image tokens attend to each other both ways in transformers (given token_type_ids) and in vLLM's
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the

@@ -25,6 +25,7 @@ ONE_D = {
     "Mistral3ForConditionalGeneration": "mistral3",
     "InternVLForConditionalGeneration": "internvl",
     "Idefics3ForConditionalGeneration": "idefics3",
+    "SmolVLMForConditionalGeneration": "smolvlm",
     "Gemma3ForConditionalGeneration": "gemma3",
     "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "LlavaNextVideoForConditionalGeneration": "llava_next_video",

@@ -521,10 +521,6 @@ _NOT_SERVED_ROUND3 = {
 #: why a ropekit checkpoint of an M-RoPE family vLLM implements is not served (in its load error)
 NOT_SERVED = {
     # 1-D families (the served ones: .one_d)
-    "SmolVLMForConditionalGeneration": (
-        "its processor (transformers' SmolVLMProcessor, which vLLM runs) needs the num2words package, which the "
-        "environment the plugin is tested in lacks; untested, it is not served (its layout is Idefics3's, which is)"
-    ),
     "PaliGemmaForConditionalGeneration": (
         "vLLM 0.32's PaliGemma, given the positions of the patched transformers model (the vanilla design), gives "
         "log-probabilities up to 0.8 away from transformers' from the first token on (tiny random checkpoint, "

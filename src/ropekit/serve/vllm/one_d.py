@@ -263,8 +263,9 @@ class Mistral3Placement(OneDPlacement):
 
 
 class Idefics3Placement(OneDPlacement):
-    """Idefics3: the adapter checks that the tiles are of the vision config's size (as the processor makes them and
-    vLLM hands them to the tower), so the stand-in tiles have that size."""
+    """Idefics3, and SmolVLM (vLLM's SmolVLM is its Idefics3 model with SmolVLM's processor): the adapter checks that
+    the tiles are of the vision config's size (as the processor makes them and vLLM hands them to the tower), so the
+    stand-in tiles have that size."""
 
     def text_model(self, model: Any) -> Any:
         return model.model.text_model  # vLLM's Idefics3 keeps its Llama decoder there
@@ -450,7 +451,7 @@ def _unprefixed(name: str) -> str:
 
 _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
-               "idefics3": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
+               "idefics3": Idefics3Placement, "smolvlm": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
                "llama4": Llama4Placement, "gemma4": Gemma4Placement,
                "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement}
 
