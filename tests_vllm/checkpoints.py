@@ -328,6 +328,13 @@ def config(family: str):
                                num_hidden_layers=1, num_attention_heads=2, patch_size=4, num_patches=64,
                                vision_use_head=False),  # as LFM2-VL's releases: vLLM's tower has no pooling head
             image_token_id=LFM2_VOCAB["<image>"], downsample_factor=2, projector_hidden_size=64)
+    if family == "qianfan_ocr":  # InternVL's tiles (56 x 56 pixels, 4 x 4 patches pixel-shuffled to 2 x 2 tokens) in
+        # a Qwen3 language model
+        return tf.QianfanOCRConfig(
+            text_config=dict(TEXT, model_type="qwen3", eos_token_id=EOS, bos_token_id=EOS),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=[56, 56], patch_size=[14, 14], drop_path_rate=0.0),
+            image_token_id=VOCAB["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5)
     raise ValueError(family)
 
 
@@ -425,6 +432,14 @@ def _processor(family: str):
         video = tf.Gemma4VideoProcessor(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
         return tf.Gemma4Processor(feature_extractor=tf.Gemma4AudioFeatureExtractor(), image_processor=image, tokenizer=tok, video_processor=video,
                                   image_seq_length=70)
+    if family == "qianfan_ocr":  # GotOcr2's tiling with PIL, which is how vLLM tiles (the remote-code release's
+        # processing); ImageNet's mean and std, as vLLM normalizes
+        tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
+                                    context_image_token="<IMG_CONTEXT>"))
+        image = tf.GotOcr2ImageProcessorPil(size={"height": 56, "width": 56}, crop_to_patches=True, min_patches=1,
+                                            max_patches=4, image_mean=[0.485, 0.456, 0.406],
+                                            image_std=[0.229, 0.224, 0.225])
+        return tf.QianfanOCRProcessor(image_processor=image, tokenizer=tok, image_seq_length=4)
     if family == "internvl":
         tok = _tokenizer(named=dict(start_image_token="<img>", end_image_token="</img>",
                                     context_image_token="<IMG_CONTEXT>", video_token="<video>"))
@@ -464,7 +479,7 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
                cohere2_vision="Cohere2VisionForConditionalGeneration",
                exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
-               smolvlm="SmolVLMForConditionalGeneration")
+               smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

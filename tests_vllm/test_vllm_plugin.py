@@ -318,17 +318,6 @@ def _cohere_compass_refused():
         patch_model(model, "circle")
 
 
-def _qianfan_ocr_config_unread():
-    """vLLM's Qianfan-OCR processor reads the remote-code config's tiling fields, which transformers' config lacks."""
-    import transformers as T
-    from vllm.model_executor.models.qianfan_ocr import QianfanOCRProcessingInfo
-
-    config = T.QianfanOCRConfig()
-    info = SimpleNamespace(get_hf_config=lambda: config, ctx=SimpleNamespace(get_merged_mm_kwargs=dict))
-    with pytest.raises(AttributeError, match="'QianfanOCRConfig' object has no attribute 'min_dynamic_patch'"):
-        QianfanOCRProcessingInfo.get_hf_processor(info)
-
-
 def _step3p7_config_unread():
     """vLLM's Step3p7 vision encoder reads the remote-code vision config, which transformers' config is not."""
     import transformers as T
@@ -373,7 +362,6 @@ def _minimax_m3_needs_triton():
 @pytest.mark.parametrize("arch, fact, reason", [
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
-    ("QianfanOCRForConditionalGeneration", _qianfan_ocr_config_unread, r"no attribute 'min_dynamic_patch'"),
     ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'"),
     ("Cosmos3EdgeForConditionalGeneration", _cosmos3_edge_config_unread, r"no attribute 'projector_config'"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
@@ -459,3 +447,46 @@ def test_exaone4_5_is_refused_unless_its_pixels_are_normalized_by_the_processor(
         else:
             cls(vllm_config=config, prefix="off")
     assert built == ["off"]
+
+
+def test_qianfan_ocr_config_is_translated_for_vllms_model_of_a_ropekit_checkpoint_only():
+    """vLLM's Qianfan-OCR processor reads the remote-code config's tiling fields, which transformers' config lacks: the
+    plugin's config hook gives a ropekit checkpoint's config those fields (from its image processor's tiling), with
+    which vLLM builds the processor, and leaves a stock one as transformers read it; an image processor whose pixels
+    vLLM would not reproduce (GotOcr2's default CLIP mean) is refused, naming the setting."""
+    import transformers as T
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.model_executor.models.qianfan_ocr import QianfanOCRProcessingInfo
+    from vllm.plugins import load_general_plugins
+
+    import checkpoints as ck
+
+    load_general_plugins()
+    tiling = ck._processor("qianfan_ocr").image_processor.to_dict()
+    for name in ("QianfanOCRForConditionalGeneration", "RopekitQianfanOCRForConditionalGeneration"):
+        hook = MODELS_CONFIG_MAP[name]
+        stock, patched = ck.config("qianfan_ocr"), ck.config("qianfan_ocr")
+        patched.ropekit = {"design": "circle"}
+        for config in (stock, patched):
+            hook.verify_and_update_model_config(SimpleNamespace(hf_config=config, architecture=name,
+                                                                hf_image_processor_config=tiling))
+        for config in (stock, patched):
+            info = SimpleNamespace(get_hf_config=lambda config=config: config, get_tokenizer=ck._tokenizer,
+                                   ctx=SimpleNamespace(get_merged_mm_kwargs=dict))
+            if config is stock:
+                with pytest.raises(AttributeError, match="'QianfanOCRConfig' object has no attribute 'min_dynamic_"):
+                    QianfanOCRProcessingInfo.get_hf_processor(info)
+                continue
+            processor = QianfanOCRProcessingInfo.get_hf_processor(info)
+            image = processor.image_processor
+            assert (image.image_size, image.min_dynamic_patch, image.max_dynamic_patch, image.dynamic_image_size,
+                    image.use_thumbnail) == (56, 1, 4, True, True)
+            assert processor.image_seq_length == 4  # 2 x 2 tokens a tile, as transformers' processor writes
+    clip = dict(tiling, image_mean=list(T.GotOcr2ImageProcessorPil.image_mean))
+    patched = ck.config("qianfan_ocr")
+    patched.ropekit = {"design": "circle"}
+    with pytest.raises(ValueError, match=r"image processor has image_mean=.*vLLM 0\.32's processing of this family "
+                                         r"applies \[0\.485, 0\.456, 0\.406\]"):
+        MODELS_CONFIG_MAP["RopekitQianfanOCRForConditionalGeneration"].verify_and_update_model_config(
+            SimpleNamespace(hf_config=patched, architecture="RopekitQianfanOCRForConditionalGeneration",
+                            hf_image_processor_config=clip))

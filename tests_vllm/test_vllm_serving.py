@@ -99,6 +99,9 @@ MODELS = {
     # LFM2-VL: tiles and a thumbnail, each a grid of its own, in a text model of a short-convolution layer (no
     # positions) and an attention layer
     "lfm2_vl-circle": ("lfm2_vl", "circle", {}, (64, 40), None),
+    # Qianfan-OCR: InternVL's tiles and thumbnail in a Qwen3 language model, transformers' config read by vLLM's model
+    # of the remote-code release (the plugin translates it); images of 3 and 5 tiles
+    "qianfan_ocr-circle-age": ("qianfan_ocr", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -124,6 +127,10 @@ IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|
 IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
 IMAGE_PROMPT["lfm2_vl"] = "<image>"
+IMAGE_PROMPT["qianfan_ocr"] = "<image>"
+#: how the reference loads a family's processor: vLLM tiles Qianfan-OCR images with PIL (the remote-code release's
+#: processing), whose pixels transformers' PIL backend equals; its torchvision backend resamples otherwise
+HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
 #: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
 
@@ -198,7 +205,7 @@ def _hf(path, stock=False):
         model = load_stock(str(path), cls, dtype=dtype)
     else:
         model = from_pretrained(str(path), cls, dtype=dtype)
-    return model.eval(), tf.AutoProcessor.from_pretrained(path)
+    return model.eval(), tf.AutoProcessor.from_pretrained(path, **HF_PROCESSOR.get(family, {}))
 
 
 def _hf_logprobs(model, processor, prompt, mm, extra=()):

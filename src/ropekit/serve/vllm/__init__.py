@@ -34,6 +34,7 @@ ONE_D = {
     "Gemma4ForConditionalGeneration": "gemma4",
     "Exaone4_5_ForConditionalGeneration": "exaone4_5",
     "Lfm2VlForConditionalGeneration": "lfm2_vl",
+    "QianfanOCRForConditionalGeneration": "qianfan_ocr",
 }
 
 #: architectures served with their patch -> the transformers model type

@@ -332,8 +332,19 @@ def _qwen3_vl_moe_experts(hf_config: Any, weights: Any) -> Any:
         yield name, tensor
 
 
+def _qianfan_ocr_layers(hf_config: Any, weights: Any) -> Any:
+    """Qianfan-OCR's weights under the names vLLM reads. transformers writes the checkpoint in the remote-code
+    release's layout, which vLLM's model reads, but its renaming of the tower's ``encoder.layers`` to ``layers``, undone
+    when it saves, also renames the language model's layers: it saves ``language_model.model.encoder.layers.N``
+    where the release (and vLLM) has ``language_model.model.layers.N``."""
+    saved, read = "language_model.model.encoder.layers.", "language_model.model.layers."
+    for name, tensor in weights:
+        yield (read + name[len(saved):] if name.startswith(saved) else name), tensor
+
+
 #: architecture -> how its checkpoint's weights are read (a generator over ``(name, tensor)``)
-_WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts}
+_WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts,
+            "QianfanOCRForConditionalGeneration": _qianfan_ocr_layers}
 
 #: architecture -> text config attributes vLLM's model reads that transformers 5's config of the family lacks, with
 #: the value transformers' model behaves by: its Qwen3-VL-MoE router always renormalizes the top-k weights, its
@@ -496,12 +507,6 @@ _NOT_SERVED_ROUND3 = {
         "ropekit places a prompt by running the patched transformers model, and patch_model takes Command A Compass "
         "from transformers 5.21 on (before 5.21 its rotary pre-permuted the frequencies, a layout the adapter does "
         "not place), while vLLM 0.32 requires transformers older than 5.20, under which patch_model refuses it"
-    ),
-    "QianfanOCRForConditionalGeneration": (
-        "vLLM 0.32's QianfanOCRForConditionalGeneration (its InternVL chat model) reads the configuration of the "
-        "model's remote-code release (min_dynamic_patch, max_dynamic_patch, dynamic_image_size, use_thumbnail, "
-        "ps_version, select_layer), not transformers' QianfanOCRConfig that ropekit saves, so vLLM cannot load such "
-        "a checkpoint ('QianfanOCRConfig' object has no attribute 'min_dynamic_patch')"
     ),
     "Step3p7ForConditionalGeneration": (
         "vLLM 0.32's Step3p7ForConditionalGeneration builds its vision encoder from the remote-code release's vision "

@@ -75,9 +75,113 @@ def _chained(hook: type) -> type:
     return Chained
 
 
+class QianfanOCRHandles(MRoPEHandles):
+    """Qianfan-OCR: position handles, and transformers' config of a ropekit checkpoint translated into the one vLLM
+    0.32's model and processor of the family read (:func:`qianfan_ocr_remote_config`)."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        MRoPEHandles.verify_and_update_model_config(model_config)
+        if getattr(model_config.hf_config, "ropekit", None) is not None:
+            qianfan_ocr_remote_config(model_config)
+
+
+#: the config hook of a served 1-D architecture where it is more than :class:`MRoPEHandles`
+OWN_HOOKS = {"QianfanOCRForConditionalGeneration": QianfanOCRHandles}
+
+#: how vLLM 0.32 turns a Qianfan-OCR image into pixels, whatever the checkpoint's processor says (its InternVL
+#: processing, the remote-code release's): bicubic resampling, scaled by 1/255, normalized with ImageNet's mean and std
+_INTERNVL_PIXELS = {"do_resize": True, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,
+                    "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+
+
+def _square(value: Any, name: str, where: str) -> int:
+    sides = list(value) if isinstance(value, (list, tuple)) else [value, value]
+    if len(sides) != 2 or sides[0] != sides[1]:
+        raise ValueError(f"{where}: vision_config.{name} {value!r} is not square, and vLLM 0.32's InternViT tower "
+                         f"takes square tiles and patches only")
+    return int(sides[0])
+
+
+def qianfan_ocr_remote_config(model_config: Any) -> None:
+    """Give vLLM's copy of a Qianfan-OCR ropekit checkpoint's config the fields of the model's remote-code release,
+    which vLLM 0.32's ``QianfanOCRForConditionalGeneration`` (its InternVL chat model) and its processor read, from
+    transformers' ``QianfanOCRConfig`` and the checkpoint's image processor (GotOcr2's tiling settings). Settings under
+    which vLLM's model or processing would differ from transformers' are refused, naming them."""
+    import transformers
+    from vllm.transformers_utils.config import get_hf_image_processor_config
+
+    hf = model_config.hf_config
+    vision = hf.vision_config
+    where = f"ropekit vLLM plugin ({model_config.architecture})"
+    size, patch = _square(vision.image_size, "image_size", where), _square(vision.patch_size, "patch_size", where)
+    differ = {
+        "vision_feature_layer": (hf.vision_feature_layer, -1, "vLLM's tower then ends at that layer, untested"),
+        "vision_feature_select_strategy": (hf.vision_feature_select_strategy, "default",
+                                           "vLLM's model always drops the class token"),
+        "projector_hidden_act": (hf.projector_hidden_act, "gelu", "vLLM's projector is built with nn.GELU()"),
+        "vision_config.use_mean_pooling": (getattr(vision, "use_mean_pooling", True), True,
+                                           "transformers then ends the tower with a LayerNorm vLLM's tower has not"),
+    }
+    for name, (got, served, why) in differ.items():
+        if got != served:
+            raise ValueError(f"{where}: {name}={got!r} is not served ({why}); served: {served!r}")
+    processor = getattr(model_config, "hf_image_processor_config", None)  # vLLM read it before its config hooks
+    if processor is None:
+        processor = get_hf_image_processor_config(model_config.model, hf_token=model_config.hf_token,
+                                                  revision=model_config.revision)
+    processor = dict(processor or {})
+    processor = processor.get("image_processor", processor)  # a processor_config.json nests it
+    defaults = transformers.GotOcr2ImageProcessorPil  # the processor transformers gives qianfan_ocr checkpoints
+    setting = {key: processor.get(key, getattr(defaults, key, None)) for key in (
+        *_INTERNVL_PIXELS, "size", "crop_to_patches", "min_patches", "max_patches")}
+    for key, want in _INTERNVL_PIXELS.items():
+        got = setting[key]
+        same = (list(got) == want) if isinstance(want, list) and got is not None else got == want
+        if not same:
+            raise ValueError(
+                f"{where}: the checkpoint's image processor has {key}={got!r}, where vLLM 0.32's processing of this "
+                f"family applies {want!r} whatever the processor says, so vLLM's pixels would not be the processor's"
+            )
+    tile = dict(setting["size"] or {})
+    if tile != {"height": size, "width": size}:
+        raise ValueError(
+            f"{where}: the checkpoint's image processor makes tiles of {tile}, and vLLM 0.32 tiles images of this "
+            f"family at the vision tower's image_size ({size} x {size})"
+        )
+    # vLLM's tiling is the remote-code release's, transformers' GotOcr2 tiling with the same settings: the same grid
+    # of tiles for an image, and a thumbnail after the tiles of an image of several
+    hf.min_dynamic_patch = int(setting["min_patches"])
+    hf.max_dynamic_patch = int(setting["max_patches"])
+    hf.dynamic_image_size = bool(setting["crop_to_patches"])
+    hf.use_thumbnail = True
+    hf.select_layer = -1
+    hf.ps_version = "v2"  # transformers' pixel shuffle: the remote-code release's second version
+    hf.force_image_size = None
+    vision.image_size, vision.patch_size = size, patch
+    vision.qkv_bias = bool(vision.attention_bias)
+    vision.qk_normalization = bool(vision.use_qk_norm)
+    vision.initializer_factor = 1.0  # scales the layer-scale weights as vLLM builds them, before the checkpoint's load
+
+
+def transformers_form(hf_config: Any) -> Any:
+    """A copy of a Qianfan-OCR config given the remote-code fields, as transformers' config holds it (square sizes
+    as pairs), for the placement's transformers model."""
+    import copy
+
+    out = copy.deepcopy(hf_config)
+    vision = out.vision_config
+    for name in ("image_size", "patch_size"):
+        value = getattr(vision, name)
+        if not isinstance(value, (list, tuple)):
+            setattr(vision, name, (value, value))
+    return out
+
+
 def register_config_hooks(names: list[str]) -> None:
-    """Put :class:`MRoPEHandles` in vLLM's config hooks under each of ``names``, after vLLM's own where the plugin was
-    tested with it (:data:`CHAINED_HOOKS`); refuse where vLLM has another."""
+    """Put :class:`MRoPEHandles` (or the architecture's :data:`OWN_HOOKS`) in vLLM's config hooks under each of
+    ``names``, after vLLM's own where the plugin was tested with it (:data:`CHAINED_HOOKS`); refuse where vLLM has
+    another."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     for name in names:
@@ -86,7 +190,7 @@ def register_config_hooks(names: list[str]) -> None:
         if isinstance(hook, type) and issubclass(hook, MRoPEHandles):  # registered before (vLLM loads plugins in
             hook = getattr(hook, "wraps", None)  # every process, and may call them again)
         if hook is None:
-            MODELS_CONFIG_MAP[name] = MRoPEHandles
+            MODELS_CONFIG_MAP[name] = OWN_HOOKS.get(_unprefixed(name), MRoPEHandles)
         elif hook.__name__ in CHAINED_HOOKS:
             MODELS_CONFIG_MAP[name] = _chained(hook)
         else:
@@ -323,6 +427,15 @@ class InternVLPlacement(OneDPlacement):
     )}
 
 
+class QianfanOCRPlacement(OneDPlacement):
+    """Qianfan-OCR: placed as InternVL (every tile and the thumbnail a grid of its own), from transformers' form of
+    the config vLLM's copy holds with the remote-code fields (:func:`qianfan_ocr_remote_config`). vLLM 0.32's model
+    of the family takes images only."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        super().__init__(arch, transformers_form(hf_config))
+
+
 class Llama4Placement(OneDPlacement):
     """Llama 4: transformers' model multiplies channels ``(2j, 2j + 1)`` of q and k, read as a complex number, by
     ``e^(i theta_j)``; vLLM's model permutes the rows of the q and k weights as they load so that pair ``j`` lands on
@@ -453,7 +566,8 @@ _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llava_onevision": LlavaOnevisionPlacement, "mistral3": Mistral3Placement,
                "idefics3": Idefics3Placement, "smolvlm": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
                "llama4": Llama4Placement, "gemma4": Gemma4Placement,
-               "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement}
+               "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement,
+               "qianfan_ocr": QianfanOCRPlacement}
 
 
 def placement(arch: str) -> type:
