@@ -319,12 +319,21 @@ def _cohere_compass_refused():
 
 
 def _step3p7_config_unread():
-    """vLLM's Step3p7 vision encoder reads the remote-code vision config, which transformers' config is not."""
+    """vLLM's Step3p7 vision encoder reads the remote-code vision config, which transformers' config is not, and its
+    language model (vLLM's Step3p5) remote-code text fields transformers' text config lacks."""
+    import inspect
+
     import transformers as T
+    from vllm.model_executor.models.step3p5 import FusedMoEBlock, Step3p5DecoderLayer
     from vllm.model_executor.models.step_vl import PerceptionEncoder
 
+    config = T.Step3p7Config()
     with pytest.raises(AttributeError, match="'Step3p7VisionConfig' object has no attribute 'output_dim'"):
-        PerceptionEncoder(T.Step3p7Config().vision_config, None)
+        PerceptionEncoder(config.vision_config, None)
+    read = inspect.getsource(Step3p5DecoderLayer.__init__) + inspect.getsource(FusedMoEBlock.__init__)
+    for field in ("att_impl_type", "attention_other_setting", "rope_theta", "need_fp32_gate", "norm_expert_weight",
+                  "use_moe_router_bias"):
+        assert f"config.{field}" in read and not hasattr(config.text_config, field)
 
 
 def _cosmos3_edge_config_unread():
@@ -362,7 +371,7 @@ def _minimax_m3_needs_triton():
 @pytest.mark.parametrize("arch, fact, reason", [
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
-    ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'"),
+    ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'.*not written"),
     ("Cosmos3EdgeForConditionalGeneration", _cosmos3_edge_config_unread, r"no attribute 'projector_config'"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),

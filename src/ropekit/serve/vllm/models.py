@@ -511,7 +511,11 @@ _NOT_SERVED_ROUND3 = {
     "Step3p7ForConditionalGeneration": (
         "vLLM 0.32's Step3p7ForConditionalGeneration builds its vision encoder from the remote-code release's vision "
         "configuration (width, heads, layers, output_dim), not transformers' Step3p7VisionConfig that ropekit saves, "
-        "so vLLM cannot load such a checkpoint ('Step3p7VisionConfig' object has no attribute 'output_dim')"
+        "and its language model (vLLM's Step3p5) from the remote-code text configuration (att_impl_type, "
+        "attention_other_setting, rope_theta, need_fp32_gate, norm_expert_weight, use_moe_router_bias), which "
+        "transformers' Step3p7TextConfig lacks, so vLLM cannot load such a checkpoint ('Step3p7VisionConfig' object "
+        "has no attribute 'output_dim'); a translation of both, with vLLM's Step3 image processing (728-pixel "
+        "views and 504-pixel tiles by default) matched to the checkpoint's processor, is not written"
     ),
     "Cosmos3EdgeForConditionalGeneration": (
         "vLLM 0.32's Cosmos3EdgeForConditionalGeneration reads the projector from its own configuration class "
