@@ -30,6 +30,7 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
     for arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                  "Qwen3VLForConditionalGeneration", "Glm4vForConditionalGeneration", "LlavaForConditionalGeneration",
                  "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                 "Qwen3_5MoeForConditionalGeneration",
                  "Qwen2_5OmniForConditionalGeneration"):
         assert ModelRegistry.models[arch].module_name == "ropekit.serve.vllm.models", arch
         # ropekit saves checkpoints under the prefixed name: the plugin registers it ...

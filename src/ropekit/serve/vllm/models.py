@@ -470,16 +470,10 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
     return Served
 
 
-_QWEN3_5_MOE = (
-    "vLLM 0.32 runs Qwen3.5's gated-delta-net layers in bfloat16 only on CPU ('CPU GDN attention requires BF16'), and "
-    "in bfloat16 its stock Qwen3.5-MoE differs from stock transformers by up to 0.65 in a prompt log-probability "
-    "(tiny random checkpoint, both bfloat16; near-tied expert routing flips), as much as wrong positions move them "
-    "(0.65), so the comparison the plugin is tested by cannot tell right positions from wrong, and it is not served "
-    "untested (Qwen3_5ForConditionalGeneration, with no experts, is served)"
-)
 _QWEN3_5_TEXT = (
-    "the plugin places Qwen3.5 prompts with the multimodal model's position code "
-    "(Qwen3_5ForConditionalGeneration, which is served); this text-only class is not wired to it"
+    "the plugin places Qwen3.5 prompts with the multimodal models' position code "
+    "(Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration, which are served); this text-only "
+    "class is not wired to it"
 )
 _OMNI = (
     "ropekit places a prompt by running the patched transformers model, and its patch of the Omni thinkers needs "
@@ -545,7 +539,6 @@ NOT_SERVED = {
         "Ernie4_5_VLMoeConfig that ropekit saves, so vLLM cannot load such a checkpoint, stock or patched "
         "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size')"
     ),
-    "Qwen3_5MoeForConditionalGeneration": _QWEN3_5_MOE,
     **_NOT_SERVED_ROUND3,
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
     **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
