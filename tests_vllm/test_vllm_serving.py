@@ -102,6 +102,9 @@ MODELS = {
     # Qianfan-OCR: InternVL's tiles and thumbnail in a Qwen3 language model, transformers' config read by vLLM's model
     # of the remote-code release (the plugin translates it); images of 3 and 5 tiles
     "qianfan_ocr-circle-age": ("qianfan_ocr", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # Cosmos3-Edge: transformers' config and weights read by vLLM's model (a Nemotron-H decoder of attention and
+    # MLP layers, a SigLIP2 tower); Qwen3-VL's interleaved sections; a video as one block per frame with timestamps
+    "cosmos3_edge-circle-age": ("cosmos3_edge", "circle", dict(age="alternate"), (64, 96), (4, 64, 64)),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -135,6 +138,9 @@ IMAGE_PROMPT["qianfan_ocr"] = "<image>"
 #: how the reference loads a family's processor: vLLM tiles Qianfan-OCR images with PIL (the remote-code release's
 #: processing), whose pixels transformers' PIL backend equals; its torchvision backend resamples otherwise
 HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
+#: processor arguments of the transformers reference: Cosmos3-Edge's model needs the token types its processor
+#: writes only when asked, and its processor the video metadata its video processor returns only when asked
+PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata=True)}
 #: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
 
@@ -221,7 +227,9 @@ def _hf_logprobs(model, processor, prompt, mm, extra=()):
         keep = ("fps", "duration", "total_num_frames", "frames_indices")
         extra_kw = dict(video_metadata=[{k: m[k] for k in keep} for _, m in videos], do_sample_frames=False)
         videos = [v for v, _ in videos]
-    inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw)
+    inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw,
+                       **PROCESSOR.get(model.config.model_type, {}))
+    inputs.pop("video_metadata", None)  # asked for by the processor's own prompt (Cosmos3-Edge), not a model input
     if model.config.model_type in CAUSAL_ON_CPU:
         inputs.pop("token_type_ids")
     if inputs.get("pixel_values") is not None:  # Llama 4's image processor hands bfloat16 pixels

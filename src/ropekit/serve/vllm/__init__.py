@@ -50,6 +50,7 @@ SERVED = {
     "PaddleOCRVLForConditionalGeneration": "paddleocr_vl",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Cosmos3EdgeForConditionalGeneration": "cosmos3_edge",
     **ONE_D,
 }
 
@@ -100,7 +101,14 @@ def register() -> None:
     # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from .models import OMNI_THINKERS, RefuseAtConfig
+    from .models import _CONFIGS, OMNI_THINKERS, RefuseAtConfig, TranslateConfig
+
+    for arch in _CONFIGS:  # served families whose vLLM model reads another config than transformers' (ropekit's)
+        for name in (arch, ARCH_PREFIX + arch):
+            if MODELS_CONFIG_MAP.get(name) not in (None, TranslateConfig):
+                raise RuntimeError(f"ropekit vLLM plugin: vLLM has a config hook of its own for {name}; the plugin "
+                                   f"would replace it. This vLLM release is not one the plugin was tested with")
+            MODELS_CONFIG_MAP[name] = TranslateConfig
 
     for arch in OMNI_THINKERS:
         ModelRegistry.register_model(ARCH_PREFIX + arch, f"ropekit.serve.vllm.models:{ARCH_PREFIX + arch}")

@@ -266,6 +266,14 @@ class _Placement:
         """vLLM's decoder (the module holding ``layers``) in the family's vLLM model ``model``."""
         return model.language_model.model
 
+    def decoder_layers(self, model: nn.Module) -> list:
+        """vLLM's modules of the patch's decoder layers, one per layer of the transformers model, in order."""
+        return list(self.text_model(model).layers)
+
+    def attention(self, layer: nn.Module) -> Optional[nn.Module]:
+        """The attention module of one of :meth:`decoder_layers` (None: another pipeline stage's layer)."""
+        return getattr(layer, "self_attn", None)
+
     def place(self, input_tokens: list[int], mm_features: list) -> tuple[np.ndarray, np.ndarray]:
         """Float positions ``(rows, L)`` of every geometry for a prompt, and ``(rows,)`` where its text continues."""
         from ...hf import hooks
@@ -342,9 +350,20 @@ def _qianfan_ocr_layers(hf_config: Any, weights: Any) -> Any:
         yield (read + name[len(saved):] if name.startswith(saved) else name), tensor
 
 
+def _cosmos3_edge_weights(hf_config: Any, weights: Any) -> Any:
+    """Cosmos3-Edge's weights in the names vLLM reads. transformers 5 saves the language model in the released
+    checkpoints' names (``layers.N.self_attn.to_q``, ``layers.N.mlp.up_proj``, ...), which vLLM maps, but renames
+    the vision tower's MLP alike (``mlp.fc1`` -> ``mlp.up_proj``), which vLLM's SigLIP2 tower reads as ``fc1``."""
+    for name, tensor in weights:
+        if name.startswith("model.visual."):
+            name = name.replace(".mlp.up_proj.", ".mlp.fc1.").replace(".mlp.down_proj.", ".mlp.fc2.")
+        yield name, tensor
+
+
 #: architecture -> how its checkpoint's weights are read (a generator over ``(name, tensor)``)
 _WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts,
-            "QianfanOCRForConditionalGeneration": _qianfan_ocr_layers}
+            "QianfanOCRForConditionalGeneration": _qianfan_ocr_layers,
+            "Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_weights}
 
 #: architecture -> text config attributes vLLM's model reads that transformers 5's config of the family lacks, with
 #: the value transformers' model behaves by: its Qwen3-VL-MoE router always renormalizes the top-k weights, its
@@ -362,6 +381,105 @@ def _complete_text_config(arch: str, hf_config: Any) -> None:
             setattr(text, key, value)
 
 
+class _ProjectorConfig:
+    """The projector fields vLLM 0.32's Cosmos3-Edge reads from its own ``projector_config``."""
+
+    def __init__(self, **fields: Any):
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"_ProjectorConfig({self.__dict__})"
+
+
+def _cosmos3_edge_config(hf_config: Any) -> None:
+    """transformers' ``Cosmos3EdgeConfig`` in the terms vLLM 0.32's Cosmos3-Edge reads (on vLLM's copy of the
+    config, in place). vLLM builds the language model as a Nemotron-H model of alternating attention (``*``) and
+    MLP (``-``) layers, each pre-normed, which is transformers' Llama decoder layer split in two (attention without
+    biases or q/k norm, a ReLU² MLP without a gate); the projector (LayerNorm, Linear, GELU, Linear) from
+    ``projector_config``; the rotary from the text config's rope parameters, whose sections transformers
+    interleaves (Qwen3-VL's layout) and vLLM only when told (``mrope_interleaved``)."""
+    where = "ropekit vLLM plugin (Cosmos3EdgeForConditionalGeneration)"
+    text, vision = hf_config.text_config, hf_config.vision_config
+    if getattr(text, "hidden_act", "relu2") != "relu2":
+        raise ValueError(f"{where}: vLLM 0.32's Cosmos3-Edge MLP applies ReLU², while this checkpoint's text config "
+                         f"names hidden_act {text.hidden_act!r}")
+    if getattr(text, "attention_bias", False):
+        raise ValueError(f"{where}: vLLM 0.32's Cosmos3-Edge attention has no biases, while this checkpoint's text "
+                         f"config sets attention_bias")
+    if not hasattr(hf_config, "projector_config"):
+        hf_config.projector_config = _ProjectorConfig(
+            spatial_merge_size=int(vision.spatial_merge_size), input_hidden_size=int(vision.hidden_size),
+            out_hidden_size=int(text.hidden_size), merger_intermediate_size=int(hf_config.projector_hidden_size),
+            use_postshuffle_norm=False)
+    # vLLM's processing (Qwen3-VL's) reads these off the vision config: one frame per temporal patch, as
+    # transformers' Cosmos3-Edge processors refuse any other
+    vision.temporal_patch_size = 1
+    vision.out_hidden_size = int(text.hidden_size)
+    if getattr(text, "hybrid_override_pattern", None) is None:  # once: vLLM counts a layer's two halves as layers
+        text.hybrid_override_pattern = "*-" * int(text.num_hidden_layers)
+        text.num_hidden_layers = 2 * int(text.num_hidden_layers)
+    text.layer_norm_epsilon = float(text.rms_norm_eps)
+    rope = getattr(text, "rope_parameters", None)
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        text.rope_parameters = dict(rope, mrope_interleaved=True)
+
+
+#: architecture -> how vLLM's copy of a ropekit checkpoint's config is put in the terms vLLM's model reads
+_CONFIGS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_config}
+
+
+class _Cosmos3EdgePlacement(_Placement):
+    """Cosmos3-Edge: vLLM builds transformers' decoder layer ``i`` as two layers of a Nemotron-H model, attention
+    ``2i`` (its ``mixer`` holds the rotary) and MLP ``2i + 1``; the weightless transformers model is built from
+    transformers' own layer count, which the config translation doubled for vLLM."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        config = copy.deepcopy(hf_config)
+        text = config.text_config
+        pattern = getattr(text, "hybrid_override_pattern", None)
+        if pattern is not None:  # translated (TranslateConfig): transformers' count is the attention layers'
+            text.num_hidden_layers = pattern.count("*")
+        super().__init__(arch, config)
+
+    def decoder_layers(self, model: nn.Module) -> list:
+        text = self.text_model(model)
+        pattern = text.config.hybrid_override_pattern
+        if pattern != "*-" * (len(pattern) // 2):
+            raise ValueError(f"ropekit vLLM plugin (Cosmos3EdgeForConditionalGeneration): vLLM's layer pattern "
+                             f"{pattern!r} is not transformers' attention-then-MLP layers")
+        return list(text.layers)[0::2]
+
+    def attention(self, layer: nn.Module) -> Optional[nn.Module]:
+        return getattr(layer, "mixer", None)
+
+
+#: architecture -> the placement of its ropekit checkpoints where it is not :class:`_Placement`
+_PLACEMENTS = {"Cosmos3EdgeForConditionalGeneration": _Cosmos3EdgePlacement}
+#: architectures whose vLLM model looks for weights elsewhere than where transformers saves them (Cosmos3-Edge's:
+#: only in its release's ``transformer/`` and ``vision_encoder/`` folders)
+_WEIGHTS_AT_ROOT = {"Cosmos3EdgeForConditionalGeneration"}
+
+
+class TranslateConfig:
+    """vLLM's per-architecture config hook (``vllm.model_executor.models.config``) for the architectures in
+    :data:`_CONFIGS`: vLLM's copy of a ropekit checkpoint's config (transformers' config of the family, which ropekit
+    saves) gets the fields vLLM's model and processor of the family read, when vLLM reads the config, before it
+    builds either. A stock checkpoint's config (vLLM reads it with its own config class) is left as it is."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        from ...hf.auto import ARCH_PREFIX
+
+        if getattr(model_config.hf_config, "ropekit", None) is None:
+            return
+        arch = str(model_config.architecture)
+        _CONFIGS[arch[len(ARCH_PREFIX):] if arch.startswith(ARCH_PREFIX) else arch](model_config.hf_config)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        return
+
+
 def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -> type:
     """vLLM's model of ``arch`` with the patch; its prompts placed by ``placement_class`` (:class:`_Placement`
     by default), ``mixins`` before vLLM's class. A stock model without vLLM's M-RoPE interface (the 1-D families)
@@ -369,7 +487,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
     from vllm.model_executor.models.interfaces import SupportsMRoPE
 
     base = _stock_class(arch)
-    placement_class = placement_class or _Placement
+    placement_class = placement_class or _PLACEMENTS.get(arch, _Placement)
     bases = (*mixins, base) + (() if getattr(base, "supports_mrope", False) else (SupportsMRoPE,))
 
     class Served(*bases):
@@ -396,8 +514,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
             from ...hf import state as hfstate
 
             state = placement.state
-            text = placement.text_model(self)
-            layers = list(text.layers)
+            layers = placement.decoder_layers(self)
             if len(layers) != len(state.layer_geometry):
                 raise ValueError(
                     f"ropekit vLLM plugin ({arch}): the model has {len(layers)} decoder layers but the patch places "
@@ -405,7 +522,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                 )
             replaced = 0
             for layer, name, table in zip(layers, state.layer_geometry, placement.layer_tables):
-                attn = getattr(layer, "self_attn", None)
+                attn = placement.attention(layer)
                 if attn is None:  # another pipeline stage's layer
                     continue
                 if getattr(attn, "attn_temperature_tuning", False):
@@ -465,6 +582,8 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
             return super().forward(input_ids, self.ropekit_positions(positions), intermediate_tensors,
                                    inputs_embeds, **kwargs)
 
+    if arch in _WEIGHTS_AT_ROOT:
+        Served.allow_patterns_overrides = None  # vLLM's default: the safetensors files at the checkpoint's root
     Served.__name__ = Served.__qualname__ = arch
     Served.__module__ = __name__
     return Served
@@ -510,11 +629,6 @@ _NOT_SERVED_ROUND3 = {
         "transformers' Step3p7TextConfig lacks, so vLLM cannot load such a checkpoint ('Step3p7VisionConfig' object "
         "has no attribute 'output_dim'); a translation of both, with vLLM's Step3 image processing (728-pixel "
         "views and 504-pixel tiles by default) matched to the checkpoint's processor, is not written"
-    ),
-    "Cosmos3EdgeForConditionalGeneration": (
-        "vLLM 0.32's Cosmos3EdgeForConditionalGeneration reads the projector from its own configuration class "
-        "(projector_config), which transformers' Cosmos3EdgeConfig that ropekit saves has not, so vLLM cannot load "
-        "such a checkpoint ('Cosmos3EdgeConfig' object has no attribute 'projector_config')"
     ),
     **dict.fromkeys(["Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"], _SPARSE_ON_CPU.format(
         kernel="its QSA attention: 'Qwen4Exp QSA requires FlashAttention'")),
