@@ -4,9 +4,9 @@ vLLM loads it through the ``vllm.general_plugins`` entry point (``ropekit-vllm =
 every process it starts. :func:`register` makes transformers' ``AutoConfig`` read ropekit's saved config form
 and puts ropekit's classes in vLLM's model registry under the architecture names the checkpoints carry:
 
-- Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR and
-  PaddleOCR-VL checkpoints are served with their patch (:mod:`.models`), and the 1-D families in :data:`ONE_D`
-  (:mod:`.one_d`);
+- Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL and
+  Cosmos3-Edge checkpoints are served with their patch (:mod:`.models`; Cosmos3-Edge's config translated into what
+  vLLM's model reads), and the 1-D families in :data:`ONE_D` (:mod:`.one_d`);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
 
 A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
