@@ -515,7 +515,8 @@ def test_cosmos3_edge_config_is_translated_into_what_vllms_own_config_class_deri
                               merger_intermediate_size=ours.projector_hidden_size,
                               spatial_merge_size=vision.spatial_merge_size))
     stock = copy.deepcopy(ours)
-    hook.verify_and_update_model_config(SimpleNamespace(hf_config=stock, architecture="Cosmos3EdgeForConditionalGeneration"))
+    hook.verify_and_update_model_config(SimpleNamespace(hf_config=stock,
+                                                        architecture="Cosmos3EdgeForConditionalGeneration"))
     assert not hasattr(stock, "projector_config")  # no record: untouched
     ours.ropekit = {"design": "circle"}
     hook.verify_and_update_model_config(SimpleNamespace(hf_config=ours,
