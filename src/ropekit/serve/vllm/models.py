@@ -651,7 +651,11 @@ NOT_SERVED = {
         "vLLM 0.32's Ernie4_5_VLMoeForConditionalGeneration reads the configuration of the model's remote-code "
         "release (spatial_conv_size, temporal_conv_size, pixel_hidden_size, im_patch_id), not transformers' "
         "Ernie4_5_VLMoeConfig that ropekit saves, so vLLM cannot load such a checkpoint, stock or patched "
-        "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size')"
+        "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size'); and its multimodal processing reads "
+        "what the remote-code processor returns (outputs 'images' and 'grid_thw', its attribute spatial_conv_size) "
+        "and expands that processor's placeholder <|image@placeholder|>, where transformers' Ernie4_5_VLMoeProcessor, "
+        "saved with the checkpoint, returns pixel_values and image_grid_thw. Serving it needs the config, the "
+        "processing and the weights translated, which the plugin does not do yet"
     ),
     **_NOT_SERVED_ROUND3,
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
