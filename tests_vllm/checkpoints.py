@@ -66,6 +66,11 @@ COHERE_VOCAB = {w: i for i, w in enumerate(WORDS + COHERE_SPECIAL)}
 LFM2_SPECIAL = (["<|endoftext|>", "<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"]
                 + [f"<|img_row_{r}_col_{c}|>" for r in (1, 2) for c in (1, 2)] + ["<unk>"])
 LFM2_VOCAB = {w: i for i, w in enumerate(WORDS + LFM2_SPECIAL)}
+# MiniCPM-V 4.6 / 4.7: a picture is [<image_id>N</image_id>] <image>, the thumbnail's <|image_pad|> tokens, </image>,
+# then rows of slices (<slice> tokens </slice>) joined by newlines; digits for the image ids
+MINICPM_SPECIAL = ["<|endoftext|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>",
+                   "<|image_pad|>", "<|video_pad|>", "\n", "<unk>"]
+MINICPM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(4)] + MINICPM_SPECIAL)}
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
@@ -115,6 +120,8 @@ def eos(family: str) -> int:
         return COHERE_VOCAB["<|endoftext|>"]
     if family == "lfm2_vl":
         return LFM2_VOCAB["<|endoftext|>"]
+    if family.startswith("minicpmv"):
+        return MINICPM_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -342,6 +349,24 @@ def config(family: str):
             vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                patch_size=16, num_patches=64, spatial_merge_size=2),
             projector_hidden_size=48, **_ids(family))
+    if family.startswith("minicpmv"):  # a SigLIP tower of 4-pixel patches with the window merger after its layer
+        # (2 x 2 patches), then the merger (2 x 2): a token per 16 x 16 pixels, in a Qwen3.5 text model of a
+        # gated-delta-net layer (vLLM's CPU kernel: bfloat16, heads of 128) and a full-attention layer rotating half of
+        # each head
+        e, v = eos(family), MINICPM_VOCAB
+        q35 = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3], mrope_interleaved=True,
+                   partial_rotary_factor=0.5)
+        text = dict(TEXT, model_type="qwen3_5_text", rope_parameters=q35, eos_token_id=e, bos_token_id=e,
+                    pad_token_id=e, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+                    linear_num_key_heads=1, linear_key_head_dim=128, linear_value_head_dim=128)
+        common = dict(text_config=text, vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=2, image_size=48, patch_size=4),
+                      insert_layer_id=0, image_token_id=v["<|image_pad|>"], video_token_id=v["<|video_pad|>"],
+                      downsample_mode="16x")
+        if family == "minicpmv4_6":
+            return tf.MiniCPMV4_6Config(**common, drop_vision_last_layer=False)
+        return tf.MiniCPMV4_7Config(**common, image_start_id=v["<image>"], image_end_id=v["</image>"],
+                                    slice_start_id=v["<slice>"], slice_end_id=v["</slice>"], newline_id=v["\n"])
     raise ValueError(family)
 
 
@@ -381,6 +406,16 @@ def _processor(family: str):
         image = tf.Lfm2VlImageProcessor(encoder_patch_size=4, tile_size=16, min_tiles=2, max_tiles=4,
                                         min_image_tokens=1, max_image_tokens=16, downsample_factor=2)
         return tf.Lfm2VlProcessor(image_processor=image, tokenizer=_tokenizer(LFM2_VOCAB, LFM2_SPECIAL))
+    if family.startswith("minicpmv"):  # slices of about 48 x 48 pixels (3 x 3 tokens), up to 4 of them
+        tok = _tokenizer(MINICPM_VOCAB, MINICPM_SPECIAL, named=dict(
+            image_token="<|image_pad|>", video_token="<|video_pad|>", image_start_token="<image>",
+            image_end_token="</image>", slice_start_token="<slice>", slice_end_token="</slice>",
+            image_id_start_token="<image_id>", image_id_end_token="</image_id>"))
+        opts = dict(patch_size=4, scale_resolution=48, max_slice_nums=4, downsample_mode="16x")
+        image = tf.MiniCPMV4_6ImageProcessor(**opts)
+        video = tf.MiniCPMV4_6VideoProcessor(**opts, do_sample_frames=False)
+        cls = tf.MiniCPMV4_6Processor if family == "minicpmv4_6" else tf.MiniCPMV4_7Processor
+        return cls(image_processor=image, tokenizer=tok, video_processor=video)
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -496,7 +531,14 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                cohere2_vision="Cohere2VisionForConditionalGeneration",
                exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
                smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration",
-               cosmos3_edge="Cosmos3EdgeForConditionalGeneration")
+               cosmos3_edge="Cosmos3EdgeForConditionalGeneration",
+               minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration")
+
+
+#: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by
+#: 1 + weight) make its one full-attention layer attend sharply enough that the positions move its bfloat16
+#: log-probabilities clearly past bfloat16's noise
+FILL = {f: {"q_norm": 2.0, "k_norm": 2.0} for f in ("minicpmv4_6", "minicpmv4_7")}
 
 
 def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
@@ -512,6 +554,8 @@ def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
         for name, p in model.named_parameters():
             if p.ndim >= 2 and "visual" not in name:
                 p.normal_(0, 0.1)
+            if name.rsplit(".", 2)[-2] in FILL.get(family, {}):
+                p.fill_(FILL[family][name.rsplit(".", 2)[-2]])
     if design is not None:
         patch_model(model, design, **patch)
     model.save_pretrained(out)

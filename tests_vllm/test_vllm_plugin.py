@@ -559,3 +559,37 @@ def test_cosmos3_edge_config_is_translated_into_what_vllms_own_config_class_deri
         with pytest.raises(ValueError, match=match):
             hook.verify_and_update_model_config(SimpleNamespace(
                 hf_config=odd, architecture="RopekitCosmos3EdgeForConditionalGeneration"))
+
+
+def test_minicpmv_needs_no_config_hook_and_keeps_crop_sizes_for_a_ropekit_checkpoint_only():
+    """vLLM's MiniCPM-V 4.6 and 4.7 read an M-RoPE section off the text config of every checkpoint (their language
+    model is Qwen3.5's), so vLLM carries the plugin's handles without a config hook, and the plugin registers none.
+    Their served class's processor keeps each picture's crop sizes with the request (vLLM keeps fields so marked where
+    the prefix cache covers the picture, and the placement reads them) for a ropekit checkpoint; a stock checkpoint's
+    fields stay vLLM's."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.plugins import load_general_plugins
+    from vllm.transformers_utils.config import mrope_num_dims, uses_mrope
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import models
+
+    load_general_plugins()
+    for family, arch in (("minicpmv4_6", "MiniCPMV4_6ForConditionalGeneration"),
+                         ("minicpmv4_7", "MiniCPMV4_7ForConditionalGeneration")):
+        config = ck.config(family)
+        assert uses_mrope(config) and mrope_num_dims(config) == 3
+        assert arch not in MODELS_CONFIG_MAP and "Ropekit" + arch not in MODELS_CONFIG_MAP
+        processor = getattr(models, "Ropekit" + arch)._processor_factory.processor
+        kept = {}
+        for record in (None, {"design": "circle"}):
+            config = ck.config(family)
+            if record is not None:
+                config.ropekit = record
+            proc = object.__new__(processor)
+            proc.info = SimpleNamespace(get_hf_config=lambda config=config: config)
+            fields = proc._get_mm_fields_config({}, {})
+            kept[record is not None] = {k: fields[k].field.keep_on_cpu for k in ("tgt_sizes", "video_tgt_sizes")}
+        # vLLM keeps 4.7's image crop sizes itself (for its own canvas positions)
+        stock = {"tgt_sizes": family == "minicpmv4_7", "video_tgt_sizes": family == "minicpmv4_7"}
+        assert kept == {False: stock, True: {"tgt_sizes": True, "video_tgt_sizes": True}}, family

@@ -105,6 +105,10 @@ MODELS = {
     # Cosmos3-Edge: transformers' config and weights read by vLLM's model (a Nemotron-H decoder of attention and
     # MLP layers, a SigLIP2 tower); Qwen3-VL's interleaved sections; a video as one block per frame with timestamps
     "cosmos3_edge-circle-age": ("cosmos3_edge", "circle", dict(age="alternate"), (64, 96), (4, 64, 64)),
+    # MiniCPM-V 4.6 and 4.7: a thumbnail and slices per picture, each a grid of its own (4.7: on its canvas), in a
+    # Qwen3.5 text model (a gated-delta-net layer and a full-attention one), served in bfloat16 (BF16)
+    "minicpmv4_6-circle": ("minicpmv4_6", "circle", {}, (40, 90), (2, 48, 48)),
+    "minicpmv4_7-circle": ("minicpmv4_7", "circle", {}, (40, 90), (2, 48, 48)),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -113,12 +117,13 @@ MODELS = {
 }
 #: families served in bfloat16, the only dtype of vLLM 0.32's CPU kernel for Qwen3.5's gated-delta-net layers; the
 #: reference is the patched transformers model in bfloat16 too, and the tolerance is bfloat16's noise (TOL_BF16)
-BF16 = {"qwen3_5", "qwen3_5_moe"}
+BF16 = {"qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7"}
 #: bfloat16 tolerance on any log-probability, by family: 1.5 times the largest difference vLLM's stock model of the
 #: family shows against stock transformers, both in bfloat16, on the same tiny checkpoint and image prompt
 #: (Qwen3.5: 0.0495, patched 0.0505; Qwen3.5-MoE: 0.063, patched 0.061); the family's stock positions move them by
-#: 0.32 (Qwen3.5) and 0.62 (Qwen3.5-MoE), over 3 tolerances
-TOL_BF16 = {"qwen3_5": 0.075, "qwen3_5_moe": 0.095}
+#: 0.32 (Qwen3.5) and 0.62 (Qwen3.5-MoE), over 3 tolerances. MiniCPM-V 4.6 and 4.7 (the same Qwen3.5 text model and
+#: vision tower): vLLM's stock MiniCPM-V 4.6 differs from stock transformers by 0.049 (mean 0.0090)
+TOL_BF16 = {"qwen3_5": 0.075, "qwen3_5_moe": 0.095, "minicpmv4_6": 0.075, "minicpmv4_7": 0.075}
 #: and on their mean over the prompt (about twice the stock models': Qwen3.5 0.0106, patched 0.0106; Qwen3.5-MoE
 #: 0.0097, patched 0.0090)
 TOL_BF16_MEAN = 0.02
@@ -141,6 +146,9 @@ HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
 #: processor arguments of the transformers reference: Cosmos3-Edge's model needs the token types its processor
 #: writes only when asked, and its processor the video metadata its video processor returns only when asked
 PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata=True)}
+IMAGE_PROMPT.update(minicpmv4_6="<|image_pad|>", minicpmv4_7="<|image_pad|>")
+#: the placeholder of one video in a prompt, by family (where not "<video>")
+VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>"}
 #: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
 
@@ -161,7 +169,7 @@ def _requests(name):
     t, vh, vw = video
     IMG, VID = MARKERS["glm" if family.startswith("glm") else "qwen"]
     if family in IMAGE_PROMPT:
-        IMG, VID = IMAGE_PROMPT[family], "<video>"
+        IMG, VID = IMAGE_PROMPT[family], VIDEO_PROMPT.get(family, "<video>")
     return [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),

@@ -36,7 +36,13 @@ ONE_D = {
     "Exaone4_5_ForConditionalGeneration": "exaone4_5",
     "Lfm2VlForConditionalGeneration": "lfm2_vl",
     "QianfanOCRForConditionalGeneration": "qianfan_ocr",
+    "MiniCPMV4_6ForConditionalGeneration": "minicpmv4_6",
+    "MiniCPMV4_7ForConditionalGeneration": "minicpmv4_7",
 }
+#: of :data:`ONE_D`, the architectures whose vLLM model carries M-RoPE positions already (their language model is
+#: Qwen3.5's): placed by :mod:`.one_d`, given no config hook. (MiniCPM-V 4.7's transformers model places canvas
+#: M-RoPE, ropekit's ``canvas-mrope``; it is placed from the same crop sizes as 4.6.)
+MROPE_IN_VLLM = ("MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration")
 
 #: architectures served with their patch -> the transformers model type
 SERVED = {
@@ -96,7 +102,7 @@ def register() -> None:
             ModelRegistry.register_model(name, f"ropekit.serve.vllm.models:{name}")
     from .one_d import register_config_hooks
 
-    register_config_hooks([name for arch in ONE_D for name in (arch, ARCH_PREFIX + arch)])
+    register_config_hooks([name for arch in ONE_D if arch not in MROPE_IN_VLLM for name in (arch, ARCH_PREFIX + arch)])
     # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone:
     # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP

@@ -714,6 +714,8 @@ def __getattr__(name: str) -> type:
             from . import one_d
 
             cls = _served_class(arch, one_d.placement(arch), (one_d.Serving,))
+            finish = getattr(one_d.placement(arch), "finish_class", None)
+            cls = finish(cls) if finish is not None else cls
         elif arch in SERVED:
             cls = _served_class(arch)
         else:

@@ -556,6 +556,88 @@ class Lfm2VlPlacement(OneDPlacement):
         return torch.cat([v.reshape(-1, 2) for v in values]).long()
 
 
+class MiniCPMVPlacement(OneDPlacement):
+    """MiniCPM-V 4.6 and 4.7: every crop of a picture (its thumbnail, then its slices) and every video frame's crops
+    are grids of their own, each its patch grid (``target_sizes`` in transformers, ``tgt_sizes`` /
+    ``video_tgt_sizes`` in vLLM, one row per crop) merged by the config's ``downsample_mode``; the markers around
+    them (``<image>``, ``<slice>``, newlines, image ids) are text, or canvas edges under 4.7's ``canvas-mrope``.
+
+    vLLM's models of both already carry M-RoPE positions (their language model is Qwen3.5's), so they need no config
+    hook. vLLM 0.32 keeps 4.7's crop sizes with a request where the prefix cache covers a picture, not 4.6's; the
+    served class's processor keeps them for a ropekit checkpoint of either (:meth:`finish_class`)."""
+
+    modalities = ("image", "video")
+    #: modality -> (vLLM's field of the crops' patch grids, the name the adapter reads them under, its pixels' name)
+    SIZES = {"image": ("tgt_sizes", "target_sizes", "pixel_values"),
+             "video": ("video_tgt_sizes", "target_sizes_videos", "pixel_values_videos")}
+    #: modality -> vLLM's per-item flag of the downsample mode it processed the item with (True: the window merger
+    #: runs, ``"16x"``)
+    MERGER = {"image": "use_vit_merger", "video": "video_use_vit_merger"}
+
+    def place(self, input_tokens: list[int], mm_features: list):
+        from ...hf import hooks
+
+        where = f"ropekit vLLM plugin ({self.arch})"
+        config = self.inner.config
+        merged = getattr(config, "downsample_mode", "16x") != "4x" and int(getattr(config, "insert_layer_id", -1)) >= 0
+        runs = {"image": [], "video": []}
+        sizes = {"image": [], "video": []}
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            if f.modality not in self.SIZES:
+                raise ValueError(f"{where}: the {f.modality!r} modality is not served")
+            field = self.SIZES[f.modality][0]
+            value = None if f.data is None else f.data.get(field)
+            if value is None:
+                raise ValueError(f"{where}: vLLM handed no {field!r} for a {f.modality} (its crops' patch grids, which "
+                                 f"decide their tokens' positions)")
+            flag = f.data.get(self.MERGER[f.modality])
+            if flag is not None and bool(torch.as_tensor(flag.data).reshape(-1)[0]) != merged:
+                raise ValueError(
+                    f"{where}: vLLM processed a {f.modality} in downsample_mode "
+                    f"{'16x' if not merged else '4x'}, the checkpoint's config says {config.downsample_mode!r}; the "
+                    f"patch places crops with the config's mode, so requests must not set another one "
+                    f"(mm_processor_kwargs downsample_mode)"
+                )
+            runs[f.modality].append(f.mm_position)
+            sizes[f.modality].append(torch.as_tensor(value.data).reshape(-1, 2).long())
+        ids = torch.tensor([input_tokens], dtype=torch.long)
+        for modality, found in runs.items():
+            self._check_runs(ids[0], modality, found, where)
+        given = dict(input_ids=ids)
+        for modality, (_, name, pixels) in self.SIZES.items():
+            if sizes[modality]:
+                given[name] = torch.cat(sizes[modality])
+                if self.state.adapter.one_d:  # 4.6 takes image (video) tokens as pictures when given pixels; which
+                    given[pixels] = torch.empty((1, 0), device="meta")  # ones does not matter to the placement
+        pos, cont = hooks.placement(self.inner, self.state, given)
+        return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+    @staticmethod
+    def finish_class(cls: type) -> type:
+        """The served class with vLLM's processor of the family, keeping each picture's crop sizes with the request
+        (on the CPU) for a ropekit checkpoint, as vLLM 0.32 does for 4.7's canvas positions: where the prefix cache
+        covers a picture, vLLM drops its other data from the request, and the placement reads them."""
+        import dataclasses
+
+        from vllm.multimodal.inputs import MultiModalFieldConfig
+
+        factories = cls._processor_factory
+        stock = factories.processor
+
+        class KeepCropSizes(stock):
+            def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
+                fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
+                if getattr(self.info.get_hf_config(), "ropekit", None) is not None:
+                    for field, modality in (("tgt_sizes", "image"), ("video_tgt_sizes", "video")):
+                        if field in fields:
+                            fields[field] = MultiModalFieldConfig.batched(modality, keep_on_cpu=True)
+                return fields
+
+        KeepCropSizes.__name__ = KeepCropSizes.__qualname__ = f"{stock.__name__}KeepingCropSizes"
+        cls._processor_factory = dataclasses.replace(factories, processor=KeepCropSizes)
+        return cls
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -567,7 +649,8 @@ _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "idefics3": Idefics3Placement, "smolvlm": Idefics3Placement, "llava_next_video": LlavaNextVideoPlacement,
                "llama4": Llama4Placement, "gemma4": Gemma4Placement,
                "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement,
-               "qianfan_ocr": QianfanOCRPlacement}
+               "qianfan_ocr": QianfanOCRPlacement,
+               "minicpmv4_6": MiniCPMVPlacement, "minicpmv4_7": MiniCPMVPlacement}
 
 
 def placement(arch: str) -> type:
