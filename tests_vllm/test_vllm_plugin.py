@@ -551,6 +551,20 @@ def test_cosmos3_edge_config_is_translated_into_what_vllms_own_config_class_deri
         assert getattr(text, key) == getattr(vllms.text_config, key), key
     for key in ("temporal_patch_size", "out_hidden_size", "spatial_merge_size"):
         assert getattr(vision, key) == getattr(vllms.vision_config, key), key
+    # vLLM maps the release's 28 decoder layers' weights; a ropekit checkpoint's every layer is mapped alike
+    from vllm.model_executor.models.cosmos3_edge import Cosmos3EdgeForConditionalGeneration
+
+    stock_mapper = Cosmos3EdgeForConditionalGeneration.hf_to_vllm_mapper
+    deep = SimpleNamespace(text_config=SimpleNamespace(hybrid_override_pattern="*-" * 30))
+    mapper = models._cosmos3_edge_layers(deep, stock_mapper)
+    for n in (0, 27, 28, 29):
+        for saved, layer, read, shard in (("self_attn.to_k", 2 * n, "mixer.qkv_proj", "k"),
+                                          ("mlp.down_proj", 2 * n + 1, "mixer.down_proj", None),
+                                          ("post_attention_layernorm", 2 * n + 1, "norm", None)):
+            name = f"layers.{n}.{saved}.weight"
+            want = (f"language_model.model.layers.{layer}.{read}.weight", shard)
+            assert mapper._map_name_with_shard(name) == want
+            assert (stock_mapper._map_name_with_shard(name) == want) == (n < 28)
     # what vLLM's model cannot compute as transformers' does is refused
     for field, value, match in (("hidden_act", "silu", "ReLU²"), ("attention_bias", True, "no biases")):
         odd = ck.config("cosmos3_edge")

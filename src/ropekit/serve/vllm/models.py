@@ -360,6 +360,33 @@ def _cosmos3_edge_weights(hf_config: Any, weights: Any) -> Any:
         yield name, tensor
 
 
+def _cosmos3_edge_layers(hf_config: Any, mapper: Any) -> Any:
+    """vLLM 0.32's Cosmos3-Edge maps the release's decoder layers ``layers.N`` (attention and MLP in one block) to its
+    Nemotron-H layers ``2N`` (attention) and ``2N + 1`` (MLP) for the release's 28 layers only; the same names for
+    every layer of this checkpoint."""
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    layers = int(hf_config.text_config.hybrid_override_pattern.count("*"))
+    extra = {}
+    for n in range(layers):
+        attention, mlp = f"language_model.model.layers.{2 * n}", f"language_model.model.layers.{2 * n + 1}"
+        for saved, read in ((".input_layernorm.", f"{attention}.norm."),
+                            (".self_attn.qkv_proj.", f"{attention}.mixer.qkv_proj."),
+                            (".self_attn.o_proj.", f"{attention}.mixer.o_proj."),
+                            (".post_attention_layernorm.", f"{mlp}.norm."), (".mlp.", f"{mlp}.mixer.")):
+            extra.setdefault(f"layers.{n}{saved}", read)
+    missing = {k: v for k, v in extra.items() if k not in mapper.orig_to_new_prefix}
+    for k, v in extra.items():
+        if k in mapper.orig_to_new_prefix and mapper.orig_to_new_prefix[k] != v:
+            raise ValueError(f"ropekit vLLM plugin (Cosmos3EdgeForConditionalGeneration): vLLM maps {k} to "
+                             f"{mapper.orig_to_new_prefix[k]}, not to {v}; this vLLM's layer layout is not the one "
+                             f"the plugin was tested with")
+    return mapper | WeightsMapper(orig_to_new_prefix=missing) if missing else mapper
+
+
+#: architecture -> the weight-name mapper of vLLM's model for a ropekit checkpoint, from the config and vLLM's own
+_MAPPERS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_layers}
+
 #: architecture -> how its checkpoint's weights are read (a generator over ``(name, tensor)``)
 _WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts,
             "QianfanOCRForConditionalGeneration": _qianfan_ocr_layers,
@@ -509,6 +536,8 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
             capacity = int(vllm_config.scheduler_config.max_num_batched_tokens) + 1
             self._ropekit_buffer = torch.zeros(placement.rows, capacity, dtype=torch.float32)
             self._replace_rotaries(placement, vllm_config)
+            if arch in _MAPPERS:  # weight names vLLM's mapper does not cover for this checkpoint
+                self.hf_to_vllm_mapper = _MAPPERS[arch](vllm_config.model_config.hf_config, self.hf_to_vllm_mapper)
 
         def _replace_rotaries(self, placement: _Placement, vllm_config: Any) -> None:
             from ...hf import state as hfstate
