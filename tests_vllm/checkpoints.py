@@ -71,6 +71,9 @@ LFM2_VOCAB = {w: i for i, w in enumerate(WORDS + LFM2_SPECIAL)}
 MINICPM_SPECIAL = ["<|endoftext|>", "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>",
                    "<|image_pad|>", "<|video_pad|>", "\n", "<unk>"]
 MINICPM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(4)] + MINICPM_SPECIAL)}
+# PaliGemma: the processor writes an image's tokens, <bos>, the prompt and a newline (vLLM's processor alike)
+PALIGEMMA_SPECIAL = ["<|endoftext|>", "<bos>", "<image>", "\n", "<unk>"]
+PALIGEMMA_VOCAB = {w: i for i, w in enumerate(WORDS + PALIGEMMA_SPECIAL)}
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
@@ -122,6 +125,8 @@ def eos(family: str) -> int:
         return LFM2_VOCAB["<|endoftext|>"]
     if family.startswith("minicpmv"):
         return MINICPM_VOCAB["<|endoftext|>"]
+    if family == "paligemma":
+        return PALIGEMMA_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -367,6 +372,16 @@ def config(family: str):
             return tf.MiniCPMV4_6Config(**common, drop_vision_last_layer=False)
         return tf.MiniCPMV4_7Config(**common, image_start_id=v["<image>"], image_end_id=v["</image>"],
                                     slice_start_id=v["<slice>"], slice_end_id=v["</slice>"], newline_id=v["\n"])
+    if family == "paligemma":  # a SigLIP tower of 4 x 4 patches (16 image tokens) in a Gemma text model
+        e, v = eos(family), PALIGEMMA_VOCAB
+        return tf.PaliGemmaConfig(
+            text_config=dict(TEXT, model_type="gemma", eos_token_id=e, bos_token_id=v["<bos>"], pad_token_id=e,
+                             hidden_activation="gelu_pytorch_tanh"),
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32,
+                               num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14,
+                               projection_dim=TEXT["hidden_size"]),
+            image_token_id=v["<image>"], projection_dim=TEXT["hidden_size"], vocab_size=TEXT["vocab_size"],
+            tie_word_embeddings=True)
     raise ValueError(family)
 
 
@@ -416,6 +431,11 @@ def _processor(family: str):
         video = tf.MiniCPMV4_6VideoProcessor(**opts, do_sample_frames=False)
         cls = tf.MiniCPMV4_6Processor if family == "minicpmv4_6" else tf.MiniCPMV4_7Processor
         return cls(image_processor=image, tokenizer=tok, video_processor=video)
+    if family == "paligemma":
+        tok = _tokenizer(PALIGEMMA_VOCAB, PALIGEMMA_SPECIAL)
+        tok.add_special_tokens({"bos_token": "<bos>"})
+        image = tf.SiglipImageProcessor(size={"height": 56, "width": 56}, image_seq_length=16)
+        return tf.PaliGemmaProcessor(image_processor=image, tokenizer=tok)
     if family.startswith("glm"):
         tok = _tokenizer(GLM_VOCAB, GLM_SPECIAL)
         size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
@@ -532,7 +552,8 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
                smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration",
                cosmos3_edge="Cosmos3EdgeForConditionalGeneration",
-               minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration")
+               minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration",
+               paligemma="PaliGemmaForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by

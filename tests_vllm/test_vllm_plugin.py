@@ -607,3 +607,34 @@ def test_minicpmv_needs_no_config_hook_and_keeps_crop_sizes_for_a_ropekit_checkp
         # vLLM keeps 4.7's image crop sizes itself (for its own canvas positions)
         stock = {"tgt_sizes": family == "minicpmv4_7", "video_tgt_sizes": family == "minicpmv4_7"}
         assert kept == {False: stock, True: {"tgt_sizes": True, "video_tgt_sizes": True}}, family
+
+
+def test_paligemma_2_is_refused_for_the_fact_checked():
+    """A PaliGemma checkpoint with a Gemma 2 text model is refused at load: vLLM's Gemma 2 soft-caps the final logits
+    by the config's final_logit_softcapping, transformers' PaliGemma does not (both facts checked)."""
+    import inspect
+
+    import torch
+    import transformers as T
+    from vllm.model_executor.models.gemma2 import Gemma2ForCausalLM
+
+    from ropekit.serve.vllm import one_d
+
+    assert "soft_cap=config.final_logit_softcapping" in inspect.getsource(Gemma2ForCausalLM.__init__)
+    config = T.PaliGemmaConfig(
+        text_config=dict(model_type="gemma2", hidden_size=32, intermediate_size=32, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, vocab_size=80, num_hidden_layers=1,
+                         final_logit_softcapping=0.5),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=16,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4),
+        image_token_id=79, projection_dim=32, vocab_size=80)
+    torch.manual_seed(0)
+    model = T.PaliGemmaForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+        logits = model(input_ids=torch.tensor([[79] * 4 + [1, 2, 3]]), pixel_values=torch.randn(1, 3, 8, 8)).logits
+    assert logits.abs().max().item() > 2 * config.text_config.final_logit_softcapping  # uncapped in transformers
+    with pytest.raises(ValueError, match=r"text model is 'gemma2'.*soft-caps the final logits.*PaliGemma 2 is not "
+                                         r"served"):
+        one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)

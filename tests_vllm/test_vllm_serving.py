@@ -109,6 +109,8 @@ MODELS = {
     # Qwen3.5 text model (a gated-delta-net layer and a full-attention one), served in bfloat16 (BF16)
     "minicpmv4_6-circle": ("minicpmv4_6", "circle", {}, (40, 90), (2, 48, 48)),
     "minicpmv4_7-circle": ("minicpmv4_7", "circle", {}, (40, 90), (2, 48, 48)),
+    # PaliGemma: one image per prompt, its tokens ahead of <bos> and the prompt; a Gemma text model
+    "paligemma-circle-age": ("paligemma", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -135,6 +137,14 @@ IMAGE_PROMPT = {"llava": "<image>", "llava_next": "<image>", "llava_onevision": 
 #: attention backends with multimodal prefix support; vLLM's CPU backend has none and attends causally, so on it the
 #: reference is the transformers model attending causally too (no token_type_ids): what is compared is positions
 CAUSAL_ON_CPU = {"gemma3"}
+#: families whose prefix (image, <bos>, prompt and newline) attends to itself both ways in transformers (token_type_ids
+#: 0; with none given, the config's use_bidirectional_attention, which PaliGemma's config turns on), while vLLM 0.32's
+#: model attends causally on its CPU backend (and both ways among image tokens only on backends with multimodal prefix
+#: support), the stock checkpoint as well: the reference reads every token as the suffix (token_type_ids 1), which
+#: attends causally, so what is compared is positions (docs/serving.md, "Known differences")
+PREFIX_LM = {"paligemma"}
+#: families whose prompt takes one image, written by the processor ahead of the prompt (no placeholder in the text)
+IMAGE_AHEAD = {"paligemma"}
 IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
@@ -160,6 +170,8 @@ def _requests(name):
         return [(f"w1 w2 <video> {TEXT} w5 w6", {"video": [_video(3, t, vh, vw)]}),
                 (f"w7 <video> {TEXT} w8", {"video": [_video(4, t + 2, vw, vh)]})]
     h, w = size
+    if family in IMAGE_AHEAD:  # one image per prompt, ahead of the text
+        return [(f"w1 w2 {TEXT} w5 w6", {"image": [_image(1, h, w)]}), (f"w7 {TEXT} w8", {"image": [_image(3, w, w)]})]
     if video is None:  # image prompts only: two images, and one
         img = IMAGE_PROMPT[family]
         return [
@@ -184,11 +196,11 @@ def served(request, tmp_path_factory):
     name = request.param
     family, design, patch, _, _ = MODELS[name]
     path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
+    limits = ({"video": 1} if MODELS[name][3] is None else {"image": 1} if family in IMAGE_AHEAD
+              else {"image": 2, "video": 1 if MODELS[name][4] else 0})
     llm = LLM(model=str(path), dtype=_dtype(family), max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
-              limit_mm_per_prompt=({"video": 1} if MODELS[name][3] is None
-                                   else {"image": 2, "video": 1 if MODELS[name][4] else 0}), seed=0,
-              **ENGINE.get(family, {}))
+              limit_mm_per_prompt=limits, seed=0, **ENGINE.get(family, {}))
     llm.apply_model(_watch_placements)
     yield name, path, llm
     del llm
@@ -226,9 +238,9 @@ def _hf(path, stock=False):
     return model.eval(), tf.AutoProcessor.from_pretrained(path, **HF_PROCESSOR.get(family, {}))
 
 
-def _hf_logprobs(model, processor, prompt, mm, extra=()):
+def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False):
     """log p(token i | tokens < i) for i >= 1 of the processed prompt followed by ``extra`` token ids (and the
-    processor's outputs)."""
+    processor's outputs); a PREFIX_LM family's prefix attends causally unless ``prefix_lm``."""
     videos = mm.get("video")
     extra_kw = {}
     if videos:
@@ -240,6 +252,7 @@ def _hf_logprobs(model, processor, prompt, mm, extra=()):
     inputs.pop("video_metadata", None)  # asked for by the processor's own prompt (Cosmos3-Edge), not a model input
     if model.config.model_type in CAUSAL_ON_CPU:
         inputs.pop("token_type_ids")
+    inputs.pop("labels", None)  # PaliGemma's processor writes training labels
     if inputs.get("pixel_values") is not None:  # Llama 4's image processor hands bfloat16 pixels
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
     ids = inputs["input_ids"]
@@ -250,6 +263,8 @@ def _hf_logprobs(model, processor, prompt, mm, extra=()):
             inputs["attention_mask"] = torch.ones_like(ids)
         if "mm_token_type_ids" in inputs:
             inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(tail)], dim=1)
+    if model.config.model_type in PREFIX_LM and not prefix_lm:
+        inputs["token_type_ids"] = torch.ones_like(ids)
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()
     lp = torch.log_softmax(logits, dim=-1)
@@ -307,6 +322,9 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
             # by ~0.5, Qwen3.5 ~0.8); its positions are checked above, its log-probabilities cannot be
             continue
         assert _close(got, want, family)
+        if family in PREFIX_LM:  # what vLLM does not compute: transformers' two-way prefix (docs/serving.md)
+            _, two_way, _ = _hf_logprobs(model, processor, prompt, mm, prefix_lm=True)
+            assert (got - two_way).abs().max().item() > 100 * TOL
         # sensitivity: the family's stock positions give other log-probabilities, far beyond the tolerance (the
         # vanilla design of a 1-D family places as the stock model does: equal)
         _, stock_lp, _ = _hf_logprobs(stock, processor, prompt, mm)

@@ -667,11 +667,6 @@ _NOT_SERVED_ROUND3 = {
 #: why a ropekit checkpoint of an M-RoPE family vLLM implements is not served (in its load error)
 NOT_SERVED = {
     # 1-D families (the served ones: .one_d)
-    "PaliGemmaForConditionalGeneration": (
-        "vLLM 0.32's PaliGemma, given the positions of the patched transformers model (the vanilla design), gives "
-        "log-probabilities up to 0.8 away from transformers' from the first token on (tiny random checkpoint, "
-        "float32): a difference outside the positions, not found, so the equality the plugin is tested by fails"
-    ),
     "Llama4ForCausalLM": (
         "the plugin places Llama 4 prompts with the multimodal model's position code "
         "(Llama4ForConditionalGeneration, which is served); this text-only class is not wired to it"

@@ -638,6 +638,31 @@ class MiniCPMVPlacement(OneDPlacement):
         return cls
 
 
+class PaliGemmaPlacement(OneDPlacement):
+    """PaliGemma: one image per prompt, its patch grid ahead of ``<bos>`` and the prompt (vLLM's processor writes it
+    there, as transformers' does); positions count from 1, as in the patched transformers model. A checkpoint whose
+    text model is Gemma 2 (PaliGemma 2) is refused: vLLM 0.32 and transformers compute different log-probabilities for
+    it, with the stock checkpoint as well (:data:`PALIGEMMA_2`)."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        text = hf_config.get_text_config()
+        if getattr(text, "model_type", None) != "gemma":
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): the checkpoint's text model is {getattr(text, 'model_type', None)!r}, "
+                f"not 'gemma'; {PALIGEMMA_2}"
+            )
+        super().__init__(arch, hf_config)
+
+
+#: why a PaliGemma checkpoint with a Gemma 2 text model is not served
+PALIGEMMA_2 = (
+    "vLLM 0.32 runs a Gemma 2 text model (PaliGemma 2) as its Gemma2ForCausalLM, which soft-caps the final logits "
+    "(final_logit_softcapping, Gemma 2's default 30.0), while transformers' PaliGemma computes its logits without that "
+    "cap, with the stock checkpoint as well, so vLLM's log-probabilities are not the patched transformers model's; "
+    "untested, PaliGemma 2 is not served (PaliGemma with a Gemma text model is)"
+)
+
+
 def _unprefixed(name: str) -> str:
     from ...hf.auto import ARCH_PREFIX
 
@@ -650,7 +675,8 @@ _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "llama4": Llama4Placement, "gemma4": Gemma4Placement,
                "exaone4_5": Exaone4_5Placement, "lfm2_vl": Lfm2VlPlacement,
                "qianfan_ocr": QianfanOCRPlacement,
-               "minicpmv4_6": MiniCPMVPlacement, "minicpmv4_7": MiniCPMVPlacement}
+               "minicpmv4_6": MiniCPMVPlacement, "minicpmv4_7": MiniCPMVPlacement,
+               "paligemma": PaliGemmaPlacement}
 
 
 def placement(arch: str) -> type:
