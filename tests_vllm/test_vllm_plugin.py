@@ -638,3 +638,27 @@ def test_paligemma_2_is_refused_for_the_fact_checked():
     with pytest.raises(ValueError, match=r"text model is 'gemma2'.*soft-caps the final logits.*PaliGemma 2 is not "
                                          r"served"):
         one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)
+
+
+def test_minicpmv_request_in_another_downsample_mode_than_the_config_is_refused(tmp_path):
+    """vLLM takes a per-request downsample_mode (mm_processor_kwargs), which changes how many tokens a crop is merged
+    to; the patch places crops with the config's mode, so a picture vLLM processed in another mode is refused, naming
+    the setting, rather than placed as the wrong grid (vLLM's per-item flag tells the mode it used)."""
+    import torch
+    import transformers as T
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import one_d
+
+    path = ck.build("minicpmv4_6", tmp_path / "m", "circle")
+    placement = one_d.MiniCPMVPlacement("MiniCPMV4_6ForConditionalGeneration", T.AutoConfig.from_pretrained(path))
+    item = lambda merged: SimpleNamespace(  # noqa: E731
+        modality="image", mm_position=SimpleNamespace(offset=1, length=9, is_embed=None),
+        data={"tgt_sizes": SimpleNamespace(data=torch.tensor([[12, 12]])),
+              "use_vit_merger": SimpleNamespace(data=torch.tensor([merged]))})
+    tokens = [0] + [ck.MINICPM_VOCAB["<|image_pad|>"]] * 9 + [1]
+    geo, _ = placement.place(tokens, [item(True)])  # the config's mode ("16x"): a 3 x 3 grid, placed
+    assert geo.shape[1] == len(tokens)
+    with pytest.raises(ValueError, match=r"processed an image in downsample_mode 4x, the checkpoint's config says "
+                                         r"'16x'.*mm_processor_kwargs downsample_mode"):
+        placement.place(tokens, [item(False)])

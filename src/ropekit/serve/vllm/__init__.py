@@ -6,7 +6,8 @@ and puts ropekit's classes in vLLM's model registry under the architecture names
 
 - Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL and
   Cosmos3-Edge checkpoints are served with their patch (:mod:`.models`; Cosmos3-Edge's config translated into what
-  vLLM's model reads), and the 1-D families in :data:`ONE_D` (:mod:`.one_d`);
+  vLLM's model reads), and the 1-D families in :data:`ONE_D` (:mod:`.one_d`), MiniCPM-V 4.6 and 4.7 among them
+  (:data:`MROPE_IN_VLLM`: vLLM's models of these carry M-RoPE positions already);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
 
 A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
@@ -61,7 +62,7 @@ SERVED = {
     **ONE_D,
 }
 
-__all__ = ["register", "TESTED_VLLM", "SERVED", "ONE_D", "guarded_architectures"]
+__all__ = ["register", "TESTED_VLLM", "SERVED", "ONE_D", "MROPE_IN_VLLM", "guarded_architectures"]
 
 
 def guarded_architectures() -> list[str]:

@@ -593,7 +593,7 @@ class MiniCPMVPlacement(OneDPlacement):
             flag = f.data.get(self.MERGER[f.modality])
             if flag is not None and bool(torch.as_tensor(flag.data).reshape(-1)[0]) != merged:
                 raise ValueError(
-                    f"{where}: vLLM processed a {f.modality} in downsample_mode "
+                    f"{where}: vLLM processed {'an image' if f.modality == 'image' else 'a video'} in downsample_mode "
                     f"{'16x' if not merged else '4x'}, the checkpoint's config says {config.downsample_mode!r}; the "
                     f"patch places crops with the config's mode, so requests must not set another one "
                     f"(mm_processor_kwargs downsample_mode)"
