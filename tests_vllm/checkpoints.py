@@ -357,13 +357,16 @@ def config(family: str):
     if family.startswith("minicpmv"):  # a SigLIP tower of 4-pixel patches with the window merger after its layer
         # (2 x 2 patches), then the merger (2 x 2): a token per 16 x 16 pixels, in a Qwen3.5 text model of a
         # gated-delta-net layer (vLLM's CPU kernel: bfloat16, heads of 128) and a full-attention layer rotating half of
-        # each head
+        # each head. Two KV heads of 128 channels and one value head in the gated delta net make a token's KV cache
+        # large against the net's state, whose page vLLM makes an attention block as large as: 96 tokens, shorter
+        # than the test's prompts, so their second request hits the prefix cache
         e, v = eos(family), MINICPM_VOCAB
-        q35 = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3], mrope_interleaved=True,
+        q35 = dict(rope_type="default", rope_theta=1e6, mrope_section=[8, 12, 12], mrope_interleaved=True,
                    partial_rotary_factor=0.5)
         text = dict(TEXT, model_type="qwen3_5_text", rope_parameters=q35, eos_token_id=e, bos_token_id=e,
-                    pad_token_id=e, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
-                    linear_num_key_heads=1, linear_key_head_dim=128, linear_value_head_dim=128)
+                    pad_token_id=e, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=1,
+                    linear_num_key_heads=1, linear_key_head_dim=128, linear_value_head_dim=128, head_dim=128,
+                    num_key_value_heads=2)
         common = dict(text_config=text, vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                                                           num_attention_heads=2, image_size=48, patch_size=4),
                       insert_layer_id=0, image_token_id=v["<|image_pad|>"], video_token_id=v["<|video_pad|>"],

@@ -125,9 +125,9 @@ BF16 = {"qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7"}
 #: (Qwen3.5: 0.0495, patched 0.0505; Qwen3.5-MoE: 0.063, patched 0.061); the family's stock positions move them by
 #: 0.32 (Qwen3.5) and 0.62 (Qwen3.5-MoE), over 3 tolerances. MiniCPM-V (4.7 is 4.6's model with canvas positions;
 #: vLLM's stock 4.7 does not place transformers' canvas, so 4.6's noise stands for both): 1.5 times the stock models'
-#: largest difference on the image and the video prompt (0.049 and 0.092; patched: 0.072 and 0.047); stock positions
-#: move them by 0.84 to 1.30
-TOL_BF16 = {"qwen3_5": 0.075, "qwen3_5_moe": 0.095, "minicpmv4_6": 0.14, "minicpmv4_7": 0.14}
+#: largest difference on the image and the video prompt (0.135 and 0.098, mean 0.014; patched: at most 0.124, mean
+#: 0.013); stock positions move them by 0.81 to 2.45
+TOL_BF16 = {"qwen3_5": 0.075, "qwen3_5_moe": 0.095, "minicpmv4_6": 0.2, "minicpmv4_7": 0.2}
 #: and on their mean over the prompt (about twice the stock models': Qwen3.5 0.0106, patched 0.0106; Qwen3.5-MoE
 #: 0.0097, patched 0.0090)
 TOL_BF16_MEAN = 0.02
@@ -219,8 +219,10 @@ def _dtype(family):
 def _close(got, want, family):
     """Whether vLLM's log-probabilities ``got`` equal the reference ``want`` within the family's dtype's tolerance."""
     diff = (got - want).abs()
-    if family in BF16:
-        return diff.max().item() <= TOL_BF16[family] and diff.mean().item() <= TOL_BF16_MEAN
+    if family in BF16:  # the mean's tolerance is set on prompts: over a few generated tokens it is no steadier than
+        # a token's own, which the first tolerance bounds
+        steady = len(diff) < CHUNK or diff.mean().item() <= TOL_BF16_MEAN
+        return diff.max().item() <= TOL_BF16[family] and steady
     return diff.max().item() <= TOL
 
 
