@@ -470,6 +470,40 @@ def test_exaone4_5_is_refused_unless_its_pixels_are_normalized_by_the_processor(
     assert built == ["off"]
 
 
+def test_paligemma_is_refused_unless_vllms_causal_prefix_is_accepted():
+    """transformers' PaliGemma attends both ways over its prefix, vLLM 0.32's does not (its CPU backend causally, its
+    GPU backends both ways among the image tokens only): a ropekit PaliGemma is served only when the user accepts
+    that, by a flag in hf_overrides; without it the plugin refuses at load, naming the flag."""
+    import inspect
+
+    from vllm.model_executor.models.paligemma import PaliGemmaForConditionalGeneration
+
+    from ropekit.serve.vllm import one_d
+
+    # the fact the refusal rests on (the serving test measures the difference): vLLM's PaliGemma never reads the token
+    # types by which transformers tells the prefix from the suffix
+    source = inspect.getsource(inspect.getmodule(PaliGemmaForConditionalGeneration))
+    assert "token_type_ids" not in source
+    built = []
+
+    class Stock:
+        def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+            built.append(prefix)
+
+    cls = type("RopekitPaliGemmaForConditionalGeneration", (one_d.Serving, Stock), {})
+    mm = SimpleNamespace(get_limit_per_prompt=lambda modality: 1)
+    for flag in (None, "yes", True):
+        hf_config = SimpleNamespace() if flag is None else SimpleNamespace(ropekit_accept_causal_prefix=flag)
+        config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm, hf_config=hf_config))
+        if flag is not True:
+            with pytest.raises(ValueError, match=r"both ways over its prefix.*hf_overrides=\{'ropekit_accept_causal_"
+                                                 r"prefix': True\}"):
+                cls(vllm_config=config, prefix=str(flag))
+        else:
+            cls(vllm_config=config, prefix="accepted")
+    assert built == ["accepted"]
+
+
 def test_qianfan_ocr_config_is_translated_for_vllms_model_of_a_ropekit_checkpoint_only():
     """vLLM's Qianfan-OCR processor reads the remote-code config's tiling fields, which transformers' config lacks: the
     plugin's config hook gives a ropekit checkpoint's config those fields (from its image processor's tiling), with

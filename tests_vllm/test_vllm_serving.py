@@ -161,8 +161,10 @@ PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata
 IMAGE_PROMPT.update(minicpmv4_6="<|image_pad|>", minicpmv4_7="<|image_pad|>")
 #: the placeholder of one video in a prompt, by family (where not "<video>")
 VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>"}
-#: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor
-ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False)}
+#: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor,
+#: and PaliGemma's causal prefix accepted (vLLM's attention, not transformers' two-way prefix)
+ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False),
+          "paligemma": dict(hf_overrides={"ropekit_accept_causal_prefix": True})}
 
 
 def _requests(name):

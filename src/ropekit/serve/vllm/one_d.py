@@ -653,6 +653,21 @@ class PaliGemmaPlacement(OneDPlacement):
             )
         super().__init__(arch, hf_config)
 
+    @staticmethod
+    def check_engine(arch: str, vllm_config: Any) -> None:
+        hf_config = getattr(vllm_config.model_config, "hf_config", None)
+        if getattr(hf_config, CAUSAL_PREFIX, None) is not True:
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): transformers' PaliGemma, which this checkpoint was saved from, attends "
+                f"both ways over its prefix (the image, <bos> and the prompt), while vLLM 0.32's PaliGemma attends "
+                f"causally (on GPU backends both ways among the image tokens only), with stock checkpoints as well, so "
+                f"vLLM serves a different model than the one trained; to serve it with vLLM's causal attention "
+                f"anyway, say so: start vLLM with hf_overrides={{{CAUSAL_PREFIX!r}: True}}"
+            )
+
+
+#: the flag (a key of vLLM's ``hf_overrides``) by which a user accepts vLLM's causal attention over PaliGemma's prefix
+CAUSAL_PREFIX = "ropekit_accept_causal_prefix"
 
 #: why a PaliGemma checkpoint with a Gemma 2 text model is not served
 PALIGEMMA_2 = (
