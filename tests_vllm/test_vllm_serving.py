@@ -111,6 +111,9 @@ MODELS = {
     "minicpmv4_7-circle": ("minicpmv4_7", "circle", {}, (40, 90), (2, 64, 96)),
     # PaliGemma: one image per prompt, its tokens ahead of <bos> and the prompt; a Gemma text model
     "paligemma-circle-age": ("paligemma", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # ERNIE-4.5-VL: transformers' config, processing and weights read by vLLM's model of the remote-code release;
+    # text and vision experts routed with their correction bias; [h, w, t] sections; images only
+    "ernie4_5_vl_moe-circle-age": ("ernie4_5_vl_moe", "circle", dict(age="alternate"), (56, 84), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -152,6 +155,7 @@ IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
 IMAGE_PROMPT["lfm2_vl"] = "<image>"
 IMAGE_PROMPT["qianfan_ocr"] = "<image>"
+IMAGE_PROMPT["ernie4_5_vl_moe"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 #: how the reference loads a family's processor: vLLM tiles Qianfan-OCR images with PIL (the remote-code release's
 #: processing), whose pixels transformers' PIL backend equals; its torchvision backend resamples otherwise
 HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
@@ -267,8 +271,9 @@ def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False):
         inputs["input_ids"] = ids = torch.cat([ids, tail], dim=1)
         if "attention_mask" in inputs:
             inputs["attention_mask"] = torch.ones_like(ids)
-        if "mm_token_type_ids" in inputs:
-            inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(tail)], dim=1)
+        for types in ("mm_token_type_ids", "moe_mm_token_type_ids"):  # generated tokens are text (type 0)
+            if types in inputs:
+                inputs[types] = torch.cat([inputs[types], torch.zeros_like(tail)], dim=1)
     if model.config.model_type in PREFIX_LM and not prefix_lm:
         inputs["token_type_ids"] = torch.ones_like(ids)
     with torch.no_grad():

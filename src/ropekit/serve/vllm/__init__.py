@@ -4,10 +4,11 @@ vLLM loads it through the ``vllm.general_plugins`` entry point (``ropekit-vllm =
 every process it starts. :func:`register` makes transformers' ``AutoConfig`` read ropekit's saved config form
 and puts ropekit's classes in vLLM's model registry under the architecture names the checkpoints carry:
 
-- Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL and
-  Cosmos3-Edge checkpoints are served with their patch (:mod:`.models`; Cosmos3-Edge's config translated into what
-  vLLM's model reads), and the 1-D families in :data:`ONE_D` (:mod:`.one_d`), MiniCPM-V 4.6 and 4.7 among them
-  (:data:`MROPE_IN_VLLM`: vLLM's models of these carry M-RoPE positions already);
+- Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL,
+  Cosmos3-Edge and ERNIE-4.5-VL checkpoints are served with their patch (:mod:`.models`; Cosmos3-Edge's config
+  translated into what vLLM's model reads; ERNIE-4.5-VL's config, processing and routing: :mod:`.ernie`), and the
+  1-D families in :data:`ONE_D` (:mod:`.one_d`), MiniCPM-V 4.6 and 4.7 among them (:data:`MROPE_IN_VLLM`: vLLM's
+  models of these carry M-RoPE positions already);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
 
 A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
@@ -59,6 +60,7 @@ SERVED = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Cosmos3EdgeForConditionalGeneration": "cosmos3_edge",
+    "Ernie4_5_VLMoeForConditionalGeneration": "ernie4_5_vl_moe",
     **ONE_D,
 }
 
@@ -112,11 +114,13 @@ def register() -> None:
     from .models import _CONFIGS, OMNI_THINKERS, RefuseAtConfig, TranslateConfig
 
     for arch in _CONFIGS:  # served families whose vLLM model reads another config than transformers' (ropekit's)
+        own = MODELS_CONFIG_MAP.get(arch)  # vLLM's hook of the architecture, run first (ropekit's name too)
+        own = getattr(own, "wraps", None) if isinstance(own, type) and issubclass(own, TranslateConfig) else own
+        if own is not None and own.__name__ not in TranslateConfig.CHAINED:
+            raise RuntimeError(f"ropekit vLLM plugin: vLLM has a config hook of its own for {arch} ({own.__name__}); "
+                               f"this vLLM release is not one the plugin was tested with")
         for name in (arch, ARCH_PREFIX + arch):
-            if MODELS_CONFIG_MAP.get(name) not in (None, TranslateConfig):
-                raise RuntimeError(f"ropekit vLLM plugin: vLLM has a config hook of its own for {name}; the plugin "
-                                   f"would replace it. This vLLM release is not one the plugin was tested with")
-            MODELS_CONFIG_MAP[name] = TranslateConfig
+            MODELS_CONFIG_MAP[name] = TranslateConfig.after(own)
 
     for arch in OMNI_THINKERS:
         ModelRegistry.register_model(ARCH_PREFIX + arch, f"ropekit.serve.vllm.models:{ARCH_PREFIX + arch}")

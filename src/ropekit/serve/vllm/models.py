@@ -452,7 +452,14 @@ def _cosmos3_edge_config(hf_config: Any) -> None:
 
 
 #: architecture -> how vLLM's copy of a ropekit checkpoint's config is put in the terms vLLM's model reads
-_CONFIGS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_config}
+def _ernie4_5_vl_config(hf_config: Any) -> None:
+    from .ernie import translate_config
+
+    translate_config(hf_config)
+
+
+_CONFIGS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_config,
+            "Ernie4_5_VLMoeForConditionalGeneration": _ernie4_5_vl_config}
 
 
 class _Cosmos3EdgePlacement(_Placement):
@@ -493,6 +500,11 @@ class TranslateConfig:
     saves) gets the fields vLLM's model and processor of the family read, when vLLM reads the config, before it
     builds either. A stock checkpoint's config (vLLM reads it with its own config class) is left as it is."""
 
+    #: vLLM 0.32's own hooks of these architectures, which run first (ERNIE-4.5-VL's turns fast_moe_cold_start off)
+    CHAINED = ("Ernie4_5_VLMoeForConditionalGenerationConfig",)
+    #: vLLM's own hook this one runs first (:meth:`after`)
+    wraps: Any = None
+
     @staticmethod
     def verify_and_update_model_config(model_config: Any) -> None:
         from ...hf.auto import ARCH_PREFIX
@@ -505,6 +517,27 @@ class TranslateConfig:
     @staticmethod
     def verify_and_update_config(vllm_config: Any) -> None:
         return
+
+    @classmethod
+    def after(cls, hook: Any) -> type:
+        """This hook run after vLLM's own ``hook`` of the architecture (itself where there is none)."""
+        if hook is None:
+            return cls
+
+        class Chained(cls):
+            wraps = hook
+
+            @staticmethod
+            def verify_and_update_model_config(model_config: Any) -> None:
+                hook.verify_and_update_model_config(model_config)
+                cls.verify_and_update_model_config(model_config)
+
+            @staticmethod
+            def verify_and_update_config(vllm_config: Any) -> None:
+                hook.verify_and_update_config(vllm_config)
+
+        Chained.__name__ = Chained.__qualname__ = f"TranslateConfig_{hook.__name__}"
+        return Chained
 
 
 def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -> type:
@@ -671,16 +704,6 @@ NOT_SERVED = {
         "the plugin places Llama 4 prompts with the multimodal model's position code "
         "(Llama4ForConditionalGeneration, which is served); this text-only class is not wired to it"
     ),
-    "Ernie4_5_VLMoeForConditionalGeneration": (
-        "vLLM 0.32's Ernie4_5_VLMoeForConditionalGeneration reads the configuration of the model's remote-code "
-        "release (spatial_conv_size, temporal_conv_size, pixel_hidden_size, im_patch_id), not transformers' "
-        "Ernie4_5_VLMoeConfig that ropekit saves, so vLLM cannot load such a checkpoint, stock or patched "
-        "('Ernie4_5_VLMoeConfig' object has no attribute 'spatial_conv_size'); and its multimodal processing reads "
-        "what the remote-code processor returns (outputs 'images' and 'grid_thw', its attribute spatial_conv_size) "
-        "and expands that processor's placeholder <|image@placeholder|>, where transformers' Ernie4_5_VLMoeProcessor, "
-        "saved with the checkpoint, returns pixel_values and image_grid_thw. Serving it needs the config, the "
-        "processing and the weights translated, which the plugin does not do yet"
-    ),
     **_NOT_SERVED_ROUND3,
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
     **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
@@ -740,6 +763,10 @@ def __getattr__(name: str) -> type:
             cls = _served_class(arch, one_d.placement(arch), (one_d.Serving,))
             finish = getattr(one_d.placement(arch), "finish_class", None)
             cls = finish(cls) if finish is not None else cls
+        elif arch == "Ernie4_5_VLMoeForConditionalGeneration":
+            from . import ernie
+
+            cls = ernie.register_processing(_served_class(arch, None, (ernie.Serving,)))
         elif arch in SERVED:
             cls = _served_class(arch)
         else:
