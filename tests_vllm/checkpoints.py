@@ -535,7 +535,8 @@ def _processor(family: str):
                                          max_patches=4)
         video = tf.InternVLVideoProcessor(size={"height": 56, "width": 56})
         return tf.InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=4)
-    if family == "ernie4_5_vl_moe":  # images only (its video processor draws timestamps with a downloaded font)
+    if family == "ernie4_5_vl_moe":  # frames as given (the video processor's default draws timestamps onto them
+        # with a font it downloads)
         tok = _tokenizer(ERNIE_VOCAB, ERNIE_SPECIAL, named=dict(
             image_token="<|IMAGE_PLACEHOLDER|>", image_start_token="<|IMAGE_START|>", image_end_token="<|IMAGE_END|>",
             video_token="<|VIDEO_PLACEHOLDER|>", video_start_token="<|VIDEO_START|>", video_end_token="<|VIDEO_END|>"))

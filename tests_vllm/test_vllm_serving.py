@@ -112,8 +112,9 @@ MODELS = {
     # PaliGemma: one image per prompt, its tokens ahead of <bos> and the prompt; a Gemma text model
     "paligemma-circle-age": ("paligemma", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # ERNIE-4.5-VL: transformers' config, processing and weights read by vLLM's model of the remote-code release;
-    # text and vision experts routed with their correction bias; [h, w, t] sections; images only
-    "ernie4_5_vl_moe-circle-age": ("ernie4_5_vl_moe", "circle", dict(age="alternate"), (56, 84), None),
+    # text and vision experts routed with their correction bias; [h, w, t] sections; a video as one block, two
+    # frames a token step
+    "ernie4_5_vl_moe-circle-age": ("ernie4_5_vl_moe", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -164,7 +165,8 @@ HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
 PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata=True)}
 IMAGE_PROMPT.update(minicpmv4_6="<|image_pad|>", minicpmv4_7="<|image_pad|>")
 #: the placeholder of one video in a prompt, by family (where not "<video>")
-VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>"}
+VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>",
+                "ernie4_5_vl_moe": "<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>"}
 #: engine arguments a family is served with (docs/serving.md): EXAONE 4.5's pixels normalized by the processor,
 #: and PaliGemma's causal prefix accepted (vLLM's attention, not transformers' two-way prefix)
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False),

