@@ -88,8 +88,8 @@ def test_vllm_carries_position_handles_for_a_ropekit_checkpoint_of_a_1d_family_o
 
 
 def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes_none():
-    """InternVL's vLLM model takes videos, which the plugin does not place: refused when the model loads, not when a
-    video arrives mid-serving; with a video limit of 0 the model builds."""
+    """EXAONE 4.5's vLLM model takes videos, which the plugin does not place: refused when the model loads, not when
+    a video arrives mid-serving; with a video limit of 0 the model builds."""
     from ropekit.serve.vllm import one_d
 
     built = []
@@ -98,18 +98,19 @@ def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes
         def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
             built.append(prefix)
 
-    for name in ("InternVLForConditionalGeneration", "RopekitInternVLForConditionalGeneration"):
+    names = ("Exaone4_5_ForConditionalGeneration", "RopekitExaone4_5_ForConditionalGeneration")
+    for name in names:
         cls = type(name, (one_d.Serving, Stock), {})
         for limit in (1, 0):
             mm = SimpleNamespace(get_limit_per_prompt=lambda modality, limit=limit: limit if modality == "video" else 2)
             config = SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm))
             if limit:
                 with pytest.raises(ValueError,
-                                   match=r"InternVL videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
+                                   match=r"EXAONE 4.5 videos are not served.*limit_mm_per_prompt=\{'video': 0\}"):
                     cls(vllm_config=config, prefix=name)
             else:
                 cls(vllm_config=config, prefix=name)
-    assert built == ["InternVLForConditionalGeneration", "RopekitInternVLForConditionalGeneration"]
+    assert built == list(names)
 
 
 def test_gemma4_keeps_vllms_own_config_hook_and_carries_handles_for_a_ropekit_checkpoint_only():

@@ -18,6 +18,7 @@ serves them through the same path as the M-RoPE families (:mod:`.models`):
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import Any
 
@@ -301,7 +302,8 @@ class OneDPlacement(_Placement):
 class Serving:
     """What vLLM's model of a served 1-D family adds before its own ``__init__`` and ``load_weights``.
 
-    Inputs the placement does not serve (InternVL's videos) are refused at load unless vLLM is told to take none.
+    Inputs the placement does not serve (EXAONE 4.5's and Gemma 4's videos) are refused at load unless vLLM is told
+    to take none.
     Weights: transformers 5 builds a LLaVA-style model's CLIP or SigLIP tower without the ``vision_model`` level and
     saves its weights as ``vision_tower.embeddings…``, where vLLM's tower (as the checkpoints saved by transformers 4)
     has ``vision_tower.vision_model.embeddings…``; every ropekit checkpoint is saved by transformers 5."""
@@ -420,11 +422,31 @@ class LlavaNextVideoPlacement(LlavaNextPlacement):
 
 
 class InternVLPlacement(OneDPlacement):
-    unserved = {"video": (
-        "InternVL videos are not served: vLLM 0.32 writes each frame's tokens with the <video> token, where "
-        "transformers' processor, and so the patched model, writes the image context token, so a video prompt is "
-        "not the one the patch places"
-    )}
+    """InternVL (transformers' format, vLLM's InternS1 model): every tile, thumbnail and video frame a grid of its own.
+
+    vLLM 0.32 writes a video as transformers' processor does (``Frame1: <img>…</img>``, one line per frame, the
+    frame's ``image_seq_length`` tokens between the tags) but writes the frame's tokens with the ``<video>`` token
+    where the processor writes the image context token; vLLM fills exactly those positions with the frame's
+    features (its tower's, as for a tile), which replace whatever id they hold. The prompt the model runs is
+    therefore the processor's with other ids at feature positions only: the placement maps them to the image token
+    and places each frame as a tile, as the patched transformers model places a video's frames."""
+
+    modalities = ("image", "video")
+
+    def place(self, input_tokens: list[int], mm_features: list):
+        tokens = list(input_tokens)
+        image = int(self.state.image_token_id)
+        as_images = []
+        for f in mm_features:
+            if f.modality == "video":
+                r = f.mm_position
+                embed = (torch.ones(r.length, dtype=torch.bool) if r.is_embed is None
+                         else torch.as_tensor(r.is_embed, dtype=torch.bool).reshape(-1))
+                for i in torch.nonzero(embed).flatten().tolist():
+                    tokens[r.offset + i] = image
+                f = dataclasses.replace(f, modality="image")
+            as_images.append(f)
+        return super().place(tokens, as_images)
 
 
 class QianfanOCRPlacement(OneDPlacement):
