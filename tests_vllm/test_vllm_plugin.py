@@ -113,6 +113,39 @@ def test_inputs_a_1d_family_does_not_serve_are_refused_at_load_unless_vllm_takes
     assert built == list(names)
 
 
+def test_internvl_videos_whose_frames_vllm_would_size_otherwise_are_refused(tmp_path):
+    """vLLM 0.32 makes InternVL frames with the checkpoint's video processor at the image processor's size: a
+    checkpoint whose video processor has another size is refused at load unless vLLM takes no videos."""
+    from vllm.model_executor.models.interns1 import InternS1ProcessingInfo
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import one_d
+
+    processor = ck._processor("internvl")
+    processor.save_pretrained(tmp_path / "same")
+    processor.video_processor.size = {"height": 28, "width": 28}
+    processor.save_pretrained(tmp_path / "other")
+    arch = "RopekitInternVLForConditionalGeneration"
+
+    def engine(path, videos):
+        mm = SimpleNamespace(get_limit_per_prompt=lambda m: videos if m == "video" else 2,
+                             merge_mm_processor_kwargs=dict)
+        model = SimpleNamespace(model=str(path), revision=None, trust_remote_code=False, multimodal_config=mm,
+                                get_multimodal_config=lambda: mm)
+        return SimpleNamespace(model_config=model)
+
+    # the fact: vLLM's processor of the family sizes frames by the image processor, not by the saved video processor
+    info = InternS1ProcessingInfo(SimpleNamespace(model_config=engine(tmp_path / "other", 1).model_config,
+                                                  get_hf_processor=lambda cls, **kw: cls.from_pretrained(
+                                                      tmp_path / "other")))
+    assert dict(info.get_hf_processor().video_processor.size) == {"height": 56, "width": 56}
+    one_d.InternVLPlacement.check_engine(arch, engine(tmp_path / "same", 1))
+    one_d.InternVLPlacement.check_engine(arch, engine(tmp_path / "other", 0))
+    with pytest.raises(ValueError, match=r"video processor makes frames of size \{'height': 28, 'width': 28\}.*"
+                                         r"limit_mm_per_prompt=\{'video': 0\}"):
+        one_d.InternVLPlacement.check_engine(arch, engine(tmp_path / "other", 1))
+
+
 def test_gemma4_keeps_vllms_own_config_hook_and_carries_handles_for_a_ropekit_checkpoint_only():
     """vLLM 0.32 has a config hook of its own for Gemma 4 (attention backends for its two head sizes): the plugin runs
     it, then declares the M-RoPE section on a ropekit checkpoint's config only."""

@@ -433,6 +433,28 @@ class InternVLPlacement(OneDPlacement):
 
     modalities = ("image", "video")
 
+    @staticmethod
+    def check_engine(arch: str, vllm_config: Any) -> None:
+        """vLLM 0.32 makes a video's frames with the checkpoint's video processor at the image processor's ``size``
+        (it overrides the video processor's): a checkpoint whose two sizes differ would see other frames in vLLM than
+        in transformers, so it is refused unless vLLM takes no videos."""
+        mm = vllm_config.model_config.multimodal_config
+        if mm is None or mm.get_limit_per_prompt("video") == 0:
+            return
+        from transformers import AutoImageProcessor, AutoVideoProcessor
+
+        model = vllm_config.model_config
+        where = dict(revision=getattr(model, "revision", None))
+        image = AutoImageProcessor.from_pretrained(model.model, **where).size
+        video = AutoVideoProcessor.from_pretrained(model.model, **where).size
+        if dict(image) != dict(video):
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): the checkpoint's video processor makes frames of size {dict(video)}, "
+                f"and vLLM 0.32 makes this family's frames at the image processor's size {dict(image)}, so vLLM's "
+                f"frames would not be transformers'; start vLLM with limit_mm_per_prompt={{'video': 0}} to serve "
+                f"images only, or save the checkpoint with one size"
+            )
+
     def place(self, input_tokens: list[int], mm_features: list):
         tokens = list(input_tokens)
         image = int(self.state.image_token_id)
