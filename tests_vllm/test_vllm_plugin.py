@@ -776,3 +776,28 @@ def test_ernie4_5_vl_config_is_translated_for_a_ropekit_checkpoint_only():
     with pytest.raises(ValueError, match="one run of consecutive layers"):
         MODELS_CONFIG_MAP["RopekitErnie4_5_VLMoeForConditionalGeneration"].verify_and_update_model_config(
             SimpleNamespace(hf_config=odd, architecture="RopekitErnie4_5_VLMoeForConditionalGeneration"))
+
+
+def test_ernie4_5_vl_chat_writes_an_image_and_a_video_as_transformers_processor_does_for_a_ropekit_checkpoint():
+    """vLLM's chat asks the model class what to write for each image and video of a message taken as a string; for a
+    ropekit checkpoint (the prefixed architecture) it is what transformers' processor writes, the start, placeholder
+    and end tokens of its tokenizer (vLLM's own is the remote-code release's, which transformers' tokenizer does not
+    know); a stock checkpoint's class keeps vLLM's."""
+    from vllm.model_executor.models.ernie45_vl import Ernie4_5_VLMoeForConditionalGeneration as Stock
+
+    from ropekit.serve.vllm import models
+
+    import checkpoints as ck
+
+    processor = ck._processor("ernie4_5_vl_moe")
+    ours = getattr(models, "RopekitErnie4_5_VLMoeForConditionalGeneration")
+    for i in (1, 2):
+        assert ours.get_placeholder_str("image", i) == (
+            processor.image_start_token + processor.image_token + processor.image_end_token)
+        assert ours.get_placeholder_str("video", i) == (
+            processor.video_start_token + processor.video_token + processor.video_end_token)
+        for modality in ("image", "video"):
+            assert getattr(models, "Ernie4_5_VLMoeForConditionalGeneration").get_placeholder_str(modality, i) == (
+                Stock.get_placeholder_str(modality, i))
+    with pytest.raises(ValueError, match="images and videos only"):
+        ours.get_placeholder_str("audio", 1)

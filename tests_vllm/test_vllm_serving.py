@@ -392,3 +392,45 @@ def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
         ids, want, _ = _hf_logprobs(model, processor, prompt, mm, extra=gen)
         got = torch.tensor([d[t].logprob for t, d in zip(gen, out.outputs[0].logprobs)], dtype=torch.float64)
         assert _close(got, want[-len(gen):], MODELS[name][0])
+
+
+#: chat templates of the chat test, by vLLM's content format: "openai", a template that writes each image of a message
+#: itself from its content parts, as transformers' conversion of ERNIE-4.5-VL writes its ("Picture n:", then the
+#: processor's image); "string", one that takes a message's content as a string, into which vLLM writes the model
+#: class's placeholder of each image ahead of the text
+CHAT_TEMPLATES = {
+    "openai": ("{%- set n = namespace(images=0) -%}{%- for m in messages -%}{{ m.role }}: {% for part in m.content -%}"
+               "{%- if part.type == 'text' -%}{{ part.text }}{%- elif part.type == 'image' -%}"
+               "{%- set n.images = n.images + 1 -%}Picture {{ n.images }}:<|IMAGE_START|><|IMAGE_PLACEHOLDER|>"
+               "<|IMAGE_END|>{%- endif -%}{%- endfor %}\n{% endfor -%}{%- if add_generation_prompt -%}assistant: "
+               "{%- endif -%}"),
+    "string": ("{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}\n{% endfor -%}"
+               "{%- if add_generation_prompt -%}assistant: {%- endif -%}"),
+}
+
+
+@pytest.mark.parametrize("served", ["ernie4_5_vl_moe-circle-age"], indirect=True)
+def test_chat_prompts_are_transformers_processors_and_their_logprobs_the_patched_models(served):
+    """``LLM.chat`` with an image, under a template that writes images itself and under one that takes content as a
+    string (vLLM then writes the model class's placeholder): the prompt token ids are what transformers' processor
+    makes of the conversation, and their log-probabilities the patched transformers model's."""
+    from vllm import SamplingParams
+
+    name, path, llm = served
+    model, processor = _hf(path)
+    image = _image(1, *MODELS[name][3])
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
+    for fmt, template in CHAT_TEMPLATES.items():
+        out = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                                     {"type": "text", "text": TEXT}]}],
+                       params, chat_template=template, chat_template_content_format=fmt)[0]
+        if fmt == "openai":  # transformers renders the conversation with the same template
+            conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT}]}]
+        else:  # the image as transformers' processor writes one, ahead of the text (vLLM's order for a string)
+            shown = processor.image_start_token + processor.image_token + processor.image_end_token
+            conversation = [{"role": "user", "content": f"{shown}\n{TEXT}"}]
+        prompt = processor.apply_chat_template(conversation, chat_template=template, tokenize=False,
+                                               add_generation_prompt=True)
+        ids, want, _ = _hf_logprobs(model, processor, prompt, {"image": [image]})
+        assert out.prompt_token_ids == ids
+        assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL

