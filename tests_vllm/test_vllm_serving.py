@@ -394,43 +394,70 @@ def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
         assert _close(got, want[-len(gen):], MODELS[name][0])
 
 
-#: chat templates of the chat test, by vLLM's content format: "openai", a template that writes each image of a message
-#: itself from its content parts, as transformers' conversion of ERNIE-4.5-VL writes its ("Picture n:", then the
-#: processor's image); "string", one that takes a message's content as a string, into which vLLM writes the model
-#: class's placeholder of each image ahead of the text
+#: chat templates of the chat test, by vLLM's content format: "openai", a template that writes each image and video
+#: of a message itself from its content parts, as transformers' conversion of ERNIE-4.5-VL writes its ("Picture n:" or
+#: "Video n:", then the processor's image or video); "string", one that takes a message's content as a string, into
+#: which vLLM writes the model class's placeholder of each image or video ahead of the text
 CHAT_TEMPLATES = {
-    "openai": ("{%- set n = namespace(images=0) -%}{%- for m in messages -%}{{ m.role }}: {% for part in m.content -%}"
-               "{%- if part.type == 'text' -%}{{ part.text }}{%- elif part.type == 'image' -%}"
-               "{%- set n.images = n.images + 1 -%}Picture {{ n.images }}:<|IMAGE_START|><|IMAGE_PLACEHOLDER|>"
-               "<|IMAGE_END|>{%- endif -%}{%- endfor %}\n{% endfor -%}{%- if add_generation_prompt -%}assistant: "
-               "{%- endif -%}"),
+    "openai": ("{%- set n = namespace(images=0, videos=0) -%}{%- for m in messages -%}{{ m.role }}: "
+               "{% for part in m.content -%}{%- if part.type == 'text' -%}{{ part.text }}"
+               "{%- elif part.type == 'image' -%}{%- set n.images = n.images + 1 -%}"
+               "Picture {{ n.images }}:<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+               "{%- elif part.type == 'video' -%}{%- set n.videos = n.videos + 1 -%}"
+               "Video {{ n.videos }}:<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>"
+               "{%- endif -%}{%- endfor %}\n{% endfor -%}{%- if add_generation_prompt -%}assistant: {%- endif -%}"),
     "string": ("{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}\n{% endfor -%}"
                "{%- if add_generation_prompt -%}assistant: {%- endif -%}"),
 }
 
 
+def _inline_video(pixels):
+    """A video as a chat message carries one inline (``data:video/jpeg``: its frames as base64 JPEG files, comma
+    separated), and the frames and metadata vLLM reads from it: the JPEG files decoded (by PIL, as vLLM does), one
+    frame a second (vLLM's default), every frame kept."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    parts, frames = [], []
+    for frame in pixels:
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="JPEG")
+        parts.append(base64.b64encode(buf.getvalue()).decode())
+        frames.append(np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")))
+    n = len(frames)
+    meta = dict(fps=1.0, duration=float(n), total_num_frames=n, frames_indices=list(range(n)))
+    return "data:video/jpeg;base64," + ",".join(parts), (np.stack(frames), meta)
+
+
 @pytest.mark.parametrize("served", ["ernie4_5_vl_moe-circle-age"], indirect=True)
 def test_chat_prompts_are_transformers_processors_and_their_logprobs_the_patched_models(served):
-    """``LLM.chat`` with an image, under a template that writes images itself and under one that takes content as a
-    string (vLLM then writes the model class's placeholder): the prompt token ids are what transformers' processor
-    makes of the conversation, and their log-probabilities the patched transformers model's."""
+    """``LLM.chat`` with an image, and with a video, under a template that writes them itself and under one that takes
+    content as a string (vLLM then writes the model class's placeholder): the prompt token ids are what transformers'
+    processor makes of the conversation, and their log-probabilities the patched transformers model's."""
     from vllm import SamplingParams
 
     name, path, llm = served
     model, processor = _hf(path)
     image = _image(1, *MODELS[name][3])
+    url, video = _inline_video(_video(3, *MODELS[name][4])[0])
+    media = [  # (modality, vLLM's content part, the item as transformers' processor takes it, as its text writes it)
+        ("image", {"type": "image_pil", "image_pil": image}, image,
+         processor.image_start_token + processor.image_token + processor.image_end_token),
+        ("video", {"type": "video_url", "video_url": {"url": url}}, video,
+         processor.video_start_token + processor.video_token + processor.video_end_token)]
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
-    for fmt, template in CHAT_TEMPLATES.items():
-        out = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
-                                                     {"type": "text", "text": TEXT}]}],
-                       params, chat_template=template, chat_template_content_format=fmt)[0]
-        if fmt == "openai":  # transformers renders the conversation with the same template
-            conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT}]}]
-        else:  # the image as transformers' processor writes one, ahead of the text (vLLM's order for a string)
-            shown = processor.image_start_token + processor.image_token + processor.image_end_token
-            conversation = [{"role": "user", "content": f"{shown}\n{TEXT}"}]
-        prompt = processor.apply_chat_template(conversation, chat_template=template, tokenize=False,
-                                               add_generation_prompt=True)
-        ids, want, _ = _hf_logprobs(model, processor, prompt, {"image": [image]})
-        assert out.prompt_token_ids == ids
-        assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL
+    for modality, part, item, shown in media:
+        for fmt, template in CHAT_TEMPLATES.items():
+            out = llm.chat([{"role": "user", "content": [part, {"type": "text", "text": TEXT}]}],
+                           params, chat_template=template, chat_template_content_format=fmt)[0]
+            if fmt == "openai":  # transformers renders the conversation with the same template
+                conversation = [{"role": "user", "content": [{"type": modality}, {"type": "text", "text": TEXT}]}]
+            else:  # the item as transformers' processor writes one, ahead of the text (vLLM's order for a string)
+                conversation = [{"role": "user", "content": f"{shown}\n{TEXT}"}]
+            prompt = processor.apply_chat_template(conversation, chat_template=template, tokenize=False,
+                                                   add_generation_prompt=True)
+            ids, want, _ = _hf_logprobs(model, processor, prompt, {modality: [item]})
+            assert out.prompt_token_ids == ids
+            assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL
