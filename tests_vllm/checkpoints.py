@@ -74,6 +74,8 @@ MINICPM_VOCAB = {w: i for i, w in enumerate(WORDS + [str(d) for d in range(4)] +
 # PaliGemma: the processor writes an image's tokens, <bos>, the prompt and a newline (vLLM's processor alike)
 PALIGEMMA_SPECIAL = ["<|endoftext|>", "<bos>", "<image>", "\n", "<unk>"]
 PALIGEMMA_VOCAB = {w: i for i, w in enumerate(WORDS + PALIGEMMA_SPECIAL)}
+#: PaliGemma 2's Gemma 2 text model: the sliding layer's window shorter than the test's prompts
+PALIGEMMA2_TEXT = dict(sliding_window=24, query_pre_attn_scalar=24)
 
 
 # ERNIE-4.5-VL: an image is <|IMAGE_START|>, its merged grid of <|IMAGE_PLACEHOLDER|>, <|IMAGE_END|> (videos alike)
@@ -133,7 +135,7 @@ def eos(family: str) -> int:
         return ERNIE_VOCAB["<|endoftext|>"]
     if family.startswith("minicpmv"):
         return MINICPM_VOCAB["<|endoftext|>"]
-    if family == "paligemma":
+    if family.startswith("paligemma"):
         return PALIGEMMA_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
@@ -383,11 +385,15 @@ def config(family: str):
             return tf.MiniCPMV4_6Config(**common, drop_vision_last_layer=False)
         return tf.MiniCPMV4_7Config(**common, image_start_id=v["<image>"], image_end_id=v["</image>"],
                                     slice_start_id=v["<slice>"], slice_end_id=v["</slice>"], newline_id=v["\n"])
-    if family == "paligemma":  # a SigLIP tower of 4 x 4 patches (16 image tokens) in a Gemma text model
+    if family.startswith("paligemma"):  # a SigLIP tower of 4 x 4 patches (16 image tokens) in a Gemma text model
+        # (PaliGemma 2: Gemma 2, its layers sliding and global in turn)
         e, v = eos(family), PALIGEMMA_VOCAB
+        text = dict(model_type="gemma")
+        if family == "paligemma2":
+            text = dict(model_type="gemma2", **PALIGEMMA2_TEXT)
         return tf.PaliGemmaConfig(
-            text_config=dict(TEXT, model_type="gemma", eos_token_id=e, bos_token_id=v["<bos>"], pad_token_id=e,
-                             hidden_activation="gelu_pytorch_tanh"),
+            text_config=dict(TEXT, eos_token_id=e, bos_token_id=v["<bos>"], pad_token_id=e,
+                             hidden_activation="gelu_pytorch_tanh", **text),
             vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32,
                                num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14,
                                projection_dim=TEXT["hidden_size"]),
@@ -454,7 +460,7 @@ def _processor(family: str):
         video = tf.MiniCPMV4_6VideoProcessor(**opts, do_sample_frames=False)
         cls = tf.MiniCPMV4_6Processor if family == "minicpmv4_6" else tf.MiniCPMV4_7Processor
         return cls(image_processor=image, tokenizer=tok, video_processor=video)
-    if family == "paligemma":
+    if family.startswith("paligemma"):
         tok = _tokenizer(PALIGEMMA_VOCAB, PALIGEMMA_SPECIAL)
         tok.add_special_tokens({"bos_token": "<bos>"})
         image = tf.SiglipImageProcessor(size={"height": 56, "width": 56}, image_seq_length=16)
@@ -587,7 +593,7 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                cosmos3_edge="Cosmos3EdgeForConditionalGeneration",
                ernie4_5_vl_moe="Ernie4_5_VLMoeForConditionalGeneration",
                minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration",
-               paligemma="PaliGemmaForConditionalGeneration")
+               paligemma="PaliGemmaForConditionalGeneration", paligemma2="PaliGemmaForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by

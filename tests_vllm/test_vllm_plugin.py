@@ -656,34 +656,45 @@ def test_minicpmv_needs_no_config_hook_and_keeps_crop_sizes_for_a_ropekit_checkp
         assert kept == {False: stock, True: {"tgt_sizes": True, "video_tgt_sizes": True}}, family
 
 
-def test_paligemma_2_is_refused_for_the_fact_checked():
-    """A PaliGemma checkpoint with a Gemma 2 text model is refused at load: vLLM's Gemma 2 soft-caps the final logits
-    by the config's final_logit_softcapping, transformers' PaliGemma does not (both facts checked)."""
+def test_paligemma_2_facts_the_served_model_rests_on():
+    """PaliGemma 2 (a Gemma 2 text model) is served as transformers computes it: vLLM's Gemma 2 soft-caps the final
+    logits by the config's final_logit_softcapping, transformers' PaliGemma does not (so the served class drops the
+    cap; the serving test compares the result); attention scores are soft-capped by vLLM's Gemma 2 layers and by
+    transformers' eager attention, not by its SDPA attention (so the serving test's reference runs eager). A text model
+    vLLM's PaliGemma would run as another (anything but Gemma runs as Gemma 2) is refused at load."""
     import inspect
 
     import torch
     import transformers as T
-    from vllm.model_executor.models.gemma2 import Gemma2ForCausalLM
+    from vllm.model_executor.models.gemma2 import Gemma2Attention, Gemma2ForCausalLM
 
     from ropekit.serve.vllm import one_d
 
     assert "soft_cap=config.final_logit_softcapping" in inspect.getsource(Gemma2ForCausalLM.__init__)
-    config = T.PaliGemmaConfig(
-        text_config=dict(model_type="gemma2", hidden_size=32, intermediate_size=32, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16, vocab_size=80, num_hidden_layers=1,
-                         final_logit_softcapping=0.5),
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=16,
-                           num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4),
-        image_token_id=79, projection_dim=32, vocab_size=80)
-    torch.manual_seed(0)
-    model = T.PaliGemmaForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-        logits = model(input_ids=torch.tensor([[79] * 4 + [1, 2, 3]]), pixel_values=torch.randn(1, 3, 8, 8)).logits
-    assert logits.abs().max().item() > 2 * config.text_config.final_logit_softcapping  # uncapped in transformers
-    with pytest.raises(ValueError, match=r"text model is 'gemma2'.*soft-caps the final logits.*PaliGemma 2 is not "
-                                         r"served"):
+    assert "logits_soft_cap=attn_logits_soft_cap" in inspect.getsource(Gemma2Attention.__init__)
+    text = dict(model_type="gemma2", hidden_size=32, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=16, vocab_size=80, num_hidden_layers=1, final_logit_softcapping=0.5,
+                attn_logit_softcapping=0.5)
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=8, patch_size=4)
+    config = T.PaliGemmaConfig(text_config=text, vision_config=vision, image_token_id=79, projection_dim=32,
+                               vocab_size=80)
+    inputs = dict(input_ids=torch.tensor([[79] * 4 + [1, 2, 3]]), pixel_values=torch.randn(1, 3, 8, 8))
+    logits = {}
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = T.PaliGemmaForConditionalGeneration(config).eval()
+        model.set_attn_implementation(attention)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.5)
+            logits[attention] = model(**inputs).logits
+    assert logits["eager"].abs().max().item() > 2 * config.text_config.final_logit_softcapping  # uncapped
+    assert (logits["eager"] - logits["sdpa"]).abs().max().item() > 1e-3  # SDPA leaves out the attention cap
+    config = T.PaliGemmaConfig(text_config=dict(text, model_type="gemma3_text"), vision_config=vision,
+                               image_token_id=79, projection_dim=32, vocab_size=80)
+    with pytest.raises(ValueError, match=r"text model is 'gemma3_text'.*runs any text model other than 'gemma' as "
+                                         r"Gemma 2"):
         one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)
 
 

@@ -112,6 +112,8 @@ MODELS = {
     "minicpmv4_7-circle": ("minicpmv4_7", "circle", {}, (40, 90), (2, 64, 96)),
     # PaliGemma: one image per prompt, its tokens ahead of <bos> and the prompt; a Gemma text model
     "paligemma-circle-age": ("paligemma", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
+    # PaliGemma 2: a Gemma 2 text model, its sliding layer's window (24) shorter than the prompts, attention soft-capped
+    "paligemma2-circle-age": ("paligemma2", ("circle", "vanilla"), dict(age="alternate"), (40, 90), None),
     # ERNIE-4.5-VL: transformers' config, processing and weights read by vLLM's model of the remote-code release;
     # text and vision experts routed with their correction bias; [h, w, t] sections; a video as one block, two
     # frames a token step
@@ -149,9 +151,9 @@ CAUSAL_ON_CPU = {"gemma3"}
 #: model attends causally on its CPU backend (and both ways among image tokens only on backends with multimodal prefix
 #: support), the stock checkpoint as well: the reference reads every token as the suffix (token_type_ids 1), which
 #: attends causally, so what is compared is positions (docs/serving.md, "Known differences")
-PREFIX_LM = {"paligemma"}
+PREFIX_LM = {"paligemma", "paligemma2"}
 #: families whose prompt takes one image, written by the processor ahead of the prompt (no placeholder in the text)
-IMAGE_AHEAD = {"paligemma"}
+IMAGE_AHEAD = {"paligemma", "paligemma2"}
 IMAGE_PROMPT["paddleocr_vl"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
@@ -176,6 +178,11 @@ VIDEO_FEATURE_IDS = {"internvl": ("<video>", "<IMG_CONTEXT>")}
 #: and PaliGemma's causal prefix accepted (vLLM's attention, not transformers' two-way prefix)
 ENGINE = {"exaone4_5": dict(mm_device_do_normalize=False),
           "paligemma": dict(hf_overrides={"ropekit_accept_causal_prefix": True})}
+ENGINE["paligemma2"] = ENGINE["paligemma"]
+#: the transformers reference's attention, by text model type: Gemma 2 soft-caps attention scores
+#: (attn_logit_softcapping) in transformers' eager attention, as vLLM's Gemma 2 does; transformers' default, SDPA,
+#: leaves the cap out (docs/serving.md, "Known differences")
+HF_ATTENTION = {"gemma2": "eager"}
 
 
 def _requests(name):
@@ -247,11 +254,13 @@ def _hf(path, stock=False):
     config = tf.AutoConfig.from_pretrained(path)
     family = config.model_type
     cls = getattr(tf, ck.CLASSES[family])
-    dtype = getattr(torch, _dtype(family))
+    kw = dict(dtype=getattr(torch, _dtype(family)))
+    if config.get_text_config().model_type in HF_ATTENTION:
+        kw["attn_implementation"] = HF_ATTENTION[config.get_text_config().model_type]
     if stock:
-        model = load_stock(str(path), cls, dtype=dtype)
+        model = load_stock(str(path), cls, **kw)
     else:
-        model = from_pretrained(str(path), cls, dtype=dtype)
+        model = from_pretrained(str(path), cls, **kw)
     return model.eval(), tf.AutoProcessor.from_pretrained(path, **HF_PROCESSOR.get(family, {}))
 
 

@@ -683,17 +683,26 @@ class MiniCPMVPlacement(OneDPlacement):
 
 
 class PaliGemmaPlacement(OneDPlacement):
-    """PaliGemma: one image per prompt, its patch grid ahead of ``<bos>`` and the prompt (vLLM's processor writes it
-    there, as transformers' does); positions count from 1, as in the patched transformers model. A checkpoint whose
-    text model is Gemma 2 (PaliGemma 2) is refused: vLLM 0.32 and transformers compute different log-probabilities for
-    it, with the stock checkpoint as well (:data:`PALIGEMMA_2`)."""
+    """PaliGemma and PaliGemma 2: one image per prompt, its patch grid ahead of ``<bos>`` and the prompt (vLLM's
+    processor writes it there, as transformers' does); positions count from 1, as in the patched transformers model.
+
+    PaliGemma 2 (a Gemma 2 text model): vLLM 0.32 runs the text model as its ``Gemma2ForCausalLM``, which soft-caps
+    the final logits by the config's ``final_logit_softcapping``; transformers' PaliGemma takes its logits from its
+    own head, uncapped. The served model of a ropekit checkpoint computes them as transformers does: without that cap
+    (:meth:`finish_class`). Attention soft-capping (``attn_logit_softcapping``) is applied by vLLM's Gemma 2 layers
+    and by transformers' (eager, flash and flex attention; its SDPA attention leaves it out), and is left as it is.
+    A text model of another type is refused: vLLM's PaliGemma runs any text model but Gemma as Gemma 2."""
+
+    #: the text models vLLM 0.32's PaliGemma runs as what they are (anything else it runs as Gemma 2)
+    TEXT_MODELS = ("gemma", "gemma2")
 
     def __init__(self, arch: str, hf_config: Any):
         text = hf_config.get_text_config()
-        if getattr(text, "model_type", None) != "gemma":
+        if getattr(text, "model_type", None) not in self.TEXT_MODELS:
             raise ValueError(
-                f"ropekit vLLM plugin ({arch}): the checkpoint's text model is {getattr(text, 'model_type', None)!r}, "
-                f"not 'gemma'; {PALIGEMMA_2}"
+                f"ropekit vLLM plugin ({arch}): the checkpoint's text model is {getattr(text, 'model_type', None)!r}; "
+                f"vLLM 0.32's PaliGemma runs any text model other than 'gemma' as Gemma 2 (Gemma2ForCausalLM), so "
+                f"only 'gemma' (PaliGemma) and 'gemma2' (PaliGemma 2) are served"
             )
         super().__init__(arch, hf_config)
 
@@ -709,17 +718,30 @@ class PaliGemmaPlacement(OneDPlacement):
                 f"anyway, say so: start vLLM with hf_overrides={{{CAUSAL_PREFIX!r}: True}}"
             )
 
+    @staticmethod
+    def finish_class(cls: type) -> type:
+        """The served class computing a ropekit PaliGemma 2's logits as transformers' PaliGemma does: vLLM's Gemma 2
+        text model soft-caps them (``final_logit_softcapping``), transformers' PaliGemma does not, so the cap is
+        dropped (only for a ropekit checkpoint: the served class builds vLLM's own model for any other)."""
+
+        class Uncapped(cls):
+            def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
+                super().__init__(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+                language_model = getattr(self, "language_model", None)
+                logits = getattr(language_model, "logits_processor", None)
+                if logits is None or not hasattr(logits, "soft_cap"):
+                    raise ValueError(
+                        f"ropekit vLLM plugin ({type(self).__name__}): this vLLM's PaliGemma keeps no logits processor "
+                        f"with a soft cap on its language model, which the plugin expects to find (vLLM 0.32's does)"
+                    )
+                logits.soft_cap = None  # transformers' PaliGemma applies none (a Gemma text model has none either)
+
+        Uncapped.__name__ = Uncapped.__qualname__ = cls.__name__
+        return Uncapped
+
 
 #: the flag (a key of vLLM's ``hf_overrides``) by which a user accepts vLLM's causal attention over PaliGemma's prefix
 CAUSAL_PREFIX = "ropekit_accept_causal_prefix"
-
-#: why a PaliGemma checkpoint with a Gemma 2 text model is not served
-PALIGEMMA_2 = (
-    "vLLM 0.32 runs a Gemma 2 text model (PaliGemma 2) as its Gemma2ForCausalLM, which soft-caps the final logits "
-    "(final_logit_softcapping, Gemma 2's default 30.0), while transformers' PaliGemma computes its logits without that "
-    "cap, with the stock checkpoint as well, so vLLM's log-probabilities are not the patched transformers model's; "
-    "untested, PaliGemma 2 is not served (PaliGemma with a Gemma text model is)"
-)
 
 
 def _unprefixed(name: str) -> str:
