@@ -696,6 +696,21 @@ def test_paligemma_2_facts_the_served_model_rests_on():
     with pytest.raises(ValueError, match=r"text model is 'gemma3_text'.*runs any text model other than 'gemma' as "
                                          r"Gemma 2"):
         one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)
+    # vLLM's PaliGemma scales its logits by a config's logit_scale, transformers' takes none: another scale is refused
+    from vllm.model_executor.models.paligemma import PaliGemmaForConditionalGeneration
+
+    assert "logit_scale" in inspect.getsource(PaliGemmaForConditionalGeneration.__init__)
+    config = T.PaliGemmaConfig(text_config=text, vision_config=vision, image_token_id=79, projection_dim=32,
+                               vocab_size=80)
+    config.logit_scale = 2.0
+    model = T.PaliGemmaForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, model.lm_head(model.model(**inputs).last_hidden_state))
+    with pytest.raises(ValueError, match=r"logit_scale=2.0.*transformers' PaliGemma ignores it"):
+        one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)
+    config.logit_scale = 1.0  # passes the check (and fails on: this config holds no ropekit record)
+    with pytest.raises(ValueError, match=r"holds no ropekit patch"):
+        one_d.PaliGemmaPlacement("PaliGemmaForConditionalGeneration", config)
 
 
 def test_minicpmv_request_in_another_downsample_mode_than_the_config_is_refused(tmp_path):

@@ -704,6 +704,14 @@ class PaliGemmaPlacement(OneDPlacement):
                 f"vLLM 0.32's PaliGemma runs any text model other than 'gemma' as Gemma 2 (Gemma2ForCausalLM), so "
                 f"only 'gemma' (PaliGemma) and 'gemma2' (PaliGemma 2) are served"
             )
+        scale = getattr(hf_config, "logit_scale", 1.0)
+        if scale != 1.0:
+            raise ValueError(
+                f"ropekit vLLM plugin ({arch}): the checkpoint's config sets logit_scale={scale!r}; vLLM 0.32's "
+                f"PaliGemma multiplies the logits by it, transformers' PaliGemma ignores it, so vLLM would serve other "
+                f"log-probabilities than the model saved; remove logit_scale from config.json (transformers never "
+                f"applied it)"
+            )
         super().__init__(arch, hf_config)
 
     @staticmethod
