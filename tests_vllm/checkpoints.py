@@ -83,6 +83,12 @@ ERNIE_SPECIAL = ["<|endoftext|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_P
                  "<|VIDEO_END|>", "<|VIDEO_PLACEHOLDER|>", "<unk>"]
 ERNIE_VOCAB = {w: i for i, w in enumerate(WORDS + ERNIE_SPECIAL)}
 
+# Step 3.7: an image is its tiles (<patch_start> tokens <patch_end>, <patch_newline> after each row of tiles but the
+# last), then its global view (<im_start> tokens <im_end>)
+STEP3_SPECIAL = ["<|endoftext|>", "<im_patch>", "<patch_start>", "<patch_end>", "<patch_newline>", "<im_start>",
+                 "<im_end>", "<unk>"]
+STEP3_VOCAB = {w: i for i, w in enumerate(WORDS + STEP3_SPECIAL)}
+
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -137,6 +143,8 @@ def eos(family: str) -> int:
         return MINICPM_VOCAB["<|endoftext|>"]
     if family.startswith("paligemma"):
         return PALIGEMMA_VOCAB["<|endoftext|>"]
+    if family == "step3p7":
+        return STEP3_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -411,6 +419,19 @@ def config(family: str):
             image_token_id=v["<|IMAGE_PLACEHOLDER|>"], image_start_token_id=v["<|IMAGE_START|>"],
             image_end_token_id=v["<|IMAGE_END|>"], video_token_id=v["<|VIDEO_PLACEHOLDER|>"],
             video_start_token_id=v["<|VIDEO_START|>"], video_end_token_id=v["<|VIDEO_END|>"])
+    if family == "step3p7":  # a sliding-window layer (window 8, shorter than the prompts) with a dense MLP, a full one
+        # with experts (4, 2 per token, a shared one, routed with a correction bias, scaled 1.5); every attention
+        # output gated per head; a 1-layer tower of 112-pixel views (8 x 8 patches, 2 x 2 tokens after its
+        # downsamplers)
+        e = eos(family)
+        return tf.Step3p7Config(
+            text_config=dict(TEXT, num_attention_heads=4, num_key_value_heads=2, mlp_layer_types=["dense", "sparse"],
+                             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, share_expert_dim=48,
+                             moe_router_scaling_factor=1.5, layer_types=["sliding_attention", "full_attention"],
+                             sliding_window=8, eos_token_id=e, pad_token_id=e),
+            vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=112,
+                               patch_size=14, mlp_ratio=2.0),
+            image_token_id=STEP3_VOCAB["<im_patch>"])
     raise ValueError(family)
 
 
@@ -460,6 +481,9 @@ def _processor(family: str):
         video = tf.MiniCPMV4_6VideoProcessor(**opts, do_sample_frames=False)
         cls = tf.MiniCPMV4_6Processor if family == "minicpmv4_6" else tf.MiniCPMV4_7Processor
         return cls(image_processor=image, tokenizer=tok, video_processor=video)
+    if family == "step3p7":  # a 112-pixel global view and tiles of 56 pixels (2 x 2 and 1 x 1 tokens)
+        image = tf.Step3p7ImageProcessor(size={"height": 112, "width": 112}, patch_size=56, max_image_size=224)
+        return tf.Step3p7Processor(image_processor=image, tokenizer=_tokenizer(STEP3_VOCAB, STEP3_SPECIAL))
     if family.startswith("paligemma"):
         tok = _tokenizer(PALIGEMMA_VOCAB, PALIGEMMA_SPECIAL)
         tok.add_special_tokens({"bos_token": "<bos>"})
@@ -593,7 +617,8 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                cosmos3_edge="Cosmos3EdgeForConditionalGeneration",
                ernie4_5_vl_moe="Ernie4_5_VLMoeForConditionalGeneration",
                minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration",
-               paligemma="PaliGemmaForConditionalGeneration", paligemma2="PaliGemmaForConditionalGeneration")
+               paligemma="PaliGemmaForConditionalGeneration", paligemma2="PaliGemmaForConditionalGeneration",
+               step3p7="Step3p7ForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by
@@ -617,6 +642,9 @@ def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
                 p.normal_(0, 0.1)
             if name.rsplit(".", 2)[-2] in FILL.get(family, {}):
                 p.fill_(FILL[family][name.rsplit(".", 2)[-2]])
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a correction bias that changes which experts are chosen
+                b.normal_(0, 0.1)
     if design is not None:
         patch_model(model, design, **patch)
     model.save_pretrained(out)

@@ -118,6 +118,10 @@ MODELS = {
     # text and vision experts routed with their correction bias; [h, w, t] sections; a video as one block, two
     # frames a token step
     "ernie4_5_vl_moe-circle-age": ("ernie4_5_vl_moe", "circle", dict(age="alternate"), (56, 84), (4, 56, 56)),
+    # Step 3.7: transformers' config, weights and processing read by vLLM's model of the remote-code release (the
+    # vision q/k rows permuted into its rotary's channel order); tiles and a global view, each a grid of its own, in a
+    # language model of a sliding-window layer and a gated one with experts routed with their correction bias
+    "step3p7-circle-age": ("step3p7", ("circle", "vanilla"), dict(age="alternate"), (90, 200), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -159,6 +163,7 @@ IMAGE_PROMPT["cohere2_vision"] = "<|IMG_PATCH|>"
 IMAGE_PROMPT["exaone4_5"] = MARKERS["qwen"][0]
 IMAGE_PROMPT["lfm2_vl"] = "<image>"
 IMAGE_PROMPT["qianfan_ocr"] = "<image>"
+IMAGE_PROMPT["step3p7"] = "<im_patch>"
 IMAGE_PROMPT["ernie4_5_vl_moe"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 #: how the reference loads a family's processor: vLLM tiles Qianfan-OCR images with PIL (the remote-code release's
 #: processing), whose pixels transformers' PIL backend equals; its torchvision backend resamples otherwise

@@ -41,6 +41,7 @@ ONE_D = {
     "MiniCPMV4_6ForConditionalGeneration": "minicpmv4_6",
     "MiniCPMV4_7ForConditionalGeneration": "minicpmv4_7",
     "PaliGemmaForConditionalGeneration": "paligemma",
+    "Step3p7ForConditionalGeneration": "step3p7",
 }
 #: of :data:`ONE_D`, the architectures whose vLLM model carries M-RoPE positions already (their language model is
 #: Qwen3.5's): placed by :mod:`.one_d`, given no config hook. (MiniCPM-V 4.7's transformers model places canvas

@@ -683,28 +683,6 @@ _NOT_SERVED_ROUND3 = {
         "from transformers 5.21 on (before 5.21 its rotary pre-permuted the frequencies, a layout the adapter does "
         "not place), while vLLM 0.32 requires transformers older than 5.20, under which patch_model refuses it"
     ),
-    "Step3p7ForConditionalGeneration": (
-        "vLLM 0.32's Step3p7ForConditionalGeneration reads the remote-code release's configuration, weight names and "
-        "image processing, not what transformers saves: (1) configuration: its vision encoder reads width, heads, "
-        "layers and output_dim, which transformers' Step3p7VisionConfig lacks ('Step3p7VisionConfig' object has no "
-        "attribute 'output_dim'), and its language model (vLLM's Step3p5) reads att_impl_type, "
-        "attention_other_setting, rope_theta, need_fp32_gate, norm_expert_weight and use_moe_router_bias, which "
-        "Step3p7TextConfig lacks, and takes the head-wise attention gate (use_head_wise_attn_gate) and the MoE "
-        "layers (moe_layers_enum) from fields it defaults when absent (no gate; experts from layer 1 on), where "
-        "transformers gates every layer and reads mlp_layer_types; (2) weights: vLLM maps the release's names "
-        "(fused vision attention in_proj_weight, mlp.c_fc, moe.gate_proj) and sends transformers' "
-        "multi_modal_projector into the language model, while transformers saves per-projection vision weights "
-        "(self_attn.q_proj, layernorm_before, lambda_1, downsampler1) and its MoE as mlp.gate, "
-        "mlp.gate.e_score_correction_bias, fused mlp.experts.gate_up_proj and mlp.shared_experts; (3) vision "
-        "rotary: vLLM's rotates adjacent channel pairs, columns on the first half of each head and rows on the "
-        "second, with theta fixed at 10000, while transformers' rotates rotate-half pairs, rows on the first "
-        "quarter of the pairs and columns on the second, with the config's theta (the two agree only once the "
-        "query and key projections' rows are permuted); (4) image processing: vLLM's own (728-pixel views, "
-        "504-pixel tiles, 169 and 81 tokens, fixed whatever the checkpoint's processor says; it normalizes before "
-        "it resizes) gives other pixels than transformers' Step3p7ImageProcessor, under other field names. A "
-        "translation of all four (or processing with the checkpoint's transformers processor, as for "
-        "ERNIE-4.5-VL) is not written"
-    ),
     **dict.fromkeys(["Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"], _SPARSE_ON_CPU.format(
         kernel="its QSA attention: 'Qwen4Exp QSA requires FlashAttention'")),
     "MiniMaxM3SparseForConditionalGeneration": _SPARSE_ON_CPU.format(

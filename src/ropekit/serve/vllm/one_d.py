@@ -768,6 +768,12 @@ _PLACEMENTS = {"internvl": InternVLPlacement, "llava_next": LlavaNextPlacement,
                "paligemma": PaliGemmaPlacement}
 
 
+from .step3 import Step3Handles, Step3p7Placement  # noqa: E402  (it builds on the classes above)
+
+_PLACEMENTS["step3p7"] = Step3p7Placement
+OWN_HOOKS["Step3p7ForConditionalGeneration"] = Step3Handles
+
+
 def placement(arch: str) -> type:
     """The placement class of a served 1-D architecture."""
     return _PLACEMENTS.get(ONE_D[arch], OneDPlacement)
