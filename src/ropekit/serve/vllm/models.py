@@ -521,23 +521,9 @@ class TranslateConfig:
     @classmethod
     def after(cls, hook: Any) -> type:
         """This hook run after vLLM's own ``hook`` of the architecture (itself where there is none)."""
-        if hook is None:
-            return cls
+        from .one_d import run_after
 
-        class Chained(cls):
-            wraps = hook
-
-            @staticmethod
-            def verify_and_update_model_config(model_config: Any) -> None:
-                hook.verify_and_update_model_config(model_config)
-                cls.verify_and_update_model_config(model_config)
-
-            @staticmethod
-            def verify_and_update_config(vllm_config: Any) -> None:
-                hook.verify_and_update_config(vllm_config)
-
-        Chained.__name__ = Chained.__qualname__ = f"TranslateConfig_{hook.__name__}"
-        return Chained
+        return cls if hook is None else run_after(hook, cls)
 
 
 def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -> type:

@@ -57,22 +57,23 @@ class MRoPEHandles:
 CHAINED_HOOKS = ("Gemma4Config",)
 
 
-def _chained(hook: type) -> type:
-    """:class:`MRoPEHandles` run after vLLM's own ``hook`` of the architecture."""
+def run_after(hook: type, ours: type) -> type:
+    """The config hook ``ours`` run after vLLM's own ``hook`` of the architecture (``wraps`` names it)."""
 
-    class Chained(MRoPEHandles):
+    class Chained(ours):
         wraps = hook
 
         @staticmethod
         def verify_and_update_model_config(model_config: Any) -> None:
             hook.verify_and_update_model_config(model_config)
-            MRoPEHandles.verify_and_update_model_config(model_config)
+            ours.verify_and_update_model_config(model_config)
 
         @staticmethod
         def verify_and_update_config(vllm_config: Any) -> None:
             hook.verify_and_update_config(vllm_config)
+            ours.verify_and_update_config(vllm_config)
 
-    Chained.__name__ = Chained.__qualname__ = f"MRoPEHandles_{hook.__name__}"
+    Chained.__name__ = Chained.__qualname__ = f"{ours.__name__}_{hook.__name__}"
     return Chained
 
 
@@ -193,7 +194,7 @@ def register_config_hooks(names: list[str]) -> None:
         if hook is None:
             MODELS_CONFIG_MAP[name] = OWN_HOOKS.get(_unprefixed(name), MRoPEHandles)
         elif hook.__name__ in CHAINED_HOOKS:
-            MODELS_CONFIG_MAP[name] = _chained(hook)
+            MODELS_CONFIG_MAP[name] = run_after(hook, MRoPEHandles)
         else:
             raise RuntimeError(
                 f"ropekit vLLM plugin: vLLM has a config hook of its own for {name} ({hook.__name__}); the plugin "
