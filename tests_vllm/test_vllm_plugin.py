@@ -175,6 +175,46 @@ def test_gemma4_keeps_vllms_own_config_hook_and_carries_handles_for_a_ropekit_ch
     assert len(ran) == 4  # vLLM's own hook ran on every config
 
 
+def test_a_config_hook_the_plugin_was_not_tested_with_serves_stock_and_refuses_ropekit():
+    """Where vLLM has a config hook of its own the plugin does not know (another vLLM release), loading the plugin
+    must not stop vLLM: a stock checkpoint's config goes to vLLM's hook, a ropekit checkpoint's is refused by name.
+    Both registration paths: the 1-D families' position handles and the config translations."""
+    from vllm.model_executor.models import config as vconfig
+
+    from ropekit.serve.vllm import register
+
+    calls = []
+
+    class NewHook(vconfig.VerifyAndUpdateConfig):
+        @staticmethod
+        def verify_and_update_model_config(model_config):
+            calls.append(model_config.hf_config)
+
+    names = ("LlavaForConditionalGeneration", "Ernie4_5_VLMoeForConditionalGeneration")
+    saved = {name: vconfig.MODELS_CONFIG_MAP.get(name) for name in names}
+    saved.update({"Ropekit" + name: vconfig.MODELS_CONFIG_MAP.get("Ropekit" + name) for name in names})
+    try:
+        for name in names:
+            vconfig.MODELS_CONFIG_MAP[name] = NewHook
+        register()  # does not raise
+        for name in names:
+            for registered in (name, "Ropekit" + name):
+                hook = vconfig.MODELS_CONFIG_MAP[registered]
+                assert hook.wraps is NewHook
+                stock, patched = SimpleNamespace(), SimpleNamespace(ropekit={"design": "circle"})
+                hook.verify_and_update_model_config(SimpleNamespace(hf_config=stock, architecture=registered))
+                with pytest.raises(ValueError, match=r"config hook of its own.*\(NewHook\).*not tested with"):
+                    hook.verify_and_update_model_config(SimpleNamespace(hf_config=patched, architecture=registered))
+        assert len(calls) == 4 and all(not hasattr(c, "ropekit") for c in calls)
+    finally:
+        for name, hook in saved.items():
+            if hook is None:
+                vconfig.MODELS_CONFIG_MAP.pop(name, None)
+            else:
+                vconfig.MODELS_CONFIG_MAP[name] = hook
+        register()
+
+
 def test_gemma4_videos_and_audio_are_refused_at_load_unless_vllm_takes_none():
     """The plugin places Gemma 4's images only: a model whose vLLM limit admits videos (or audio, with an audio
     tower) is refused when it loads."""

@@ -108,21 +108,23 @@ def register() -> None:
     from .one_d import register_config_hooks
 
     register_config_hooks([name for arch in ONE_D if arch not in MROPE_IN_VLLM for name in (arch, ARCH_PREFIX + arch)])
-    # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone:
-    # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     from .models import _CONFIGS, OMNI_THINKERS, RefuseAtConfig, TranslateConfig
+    from .one_d import untested_hook
 
     for arch in _CONFIGS:  # served families whose vLLM model reads another config than transformers' (ropekit's)
         own = MODELS_CONFIG_MAP.get(arch)  # vLLM's hook of the architecture, run first (ropekit's name too)
-        own = getattr(own, "wraps", None) if isinstance(own, type) and issubclass(own, TranslateConfig) else own
-        if own is not None and own.__name__ not in TranslateConfig.CHAINED:
-            raise RuntimeError(f"ropekit vLLM plugin: vLLM has a config hook of its own for {arch} ({own.__name__}); "
-                               f"this vLLM release is not one the plugin was tested with")
+        if isinstance(own, type) and (issubclass(own, TranslateConfig) or own.__name__.startswith("Untested_")):
+            own = getattr(own, "wraps", None)  # registered before (vLLM loads plugins in every process)
         for name in (arch, ARCH_PREFIX + arch):
-            MODELS_CONFIG_MAP[name] = TranslateConfig.after(own)
+            if own is not None and own.__name__ not in TranslateConfig.CHAINED:
+                MODELS_CONFIG_MAP[name] = untested_hook(own, name)  # another release: stock keeps vLLM's hook
+            else:
+                MODELS_CONFIG_MAP[name] = TranslateConfig.after(own)
 
+    # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone:
+    # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
     for arch in OMNI_THINKERS:
         ModelRegistry.register_model(ARCH_PREFIX + arch, f"ropekit.serve.vllm.models:{ARCH_PREFIX + arch}")
         MODELS_CONFIG_MAP[ARCH_PREFIX + arch] = RefuseAtConfig

@@ -451,13 +451,13 @@ def _cosmos3_edge_config(hf_config: Any) -> None:
         text.rope_parameters = dict(rope, mrope_interleaved=True)
 
 
-#: architecture -> how vLLM's copy of a ropekit checkpoint's config is put in the terms vLLM's model reads
 def _ernie4_5_vl_config(hf_config: Any) -> None:
     from .ernie import translate_config
 
     translate_config(hf_config)
 
 
+#: architecture -> how vLLM's copy of a ropekit checkpoint's config is put in the terms vLLM's model reads
 _CONFIGS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_config,
             "Ernie4_5_VLMoeForConditionalGeneration": _ernie4_5_vl_config}
 

@@ -57,6 +57,28 @@ class MRoPEHandles:
 CHAINED_HOOKS = ("Gemma4Config",)
 
 
+def untested_hook(hook: type, name: str) -> type:
+    """vLLM's own config ``hook`` of ``name`` where the plugin was not tested with it (another vLLM release): a stock
+    checkpoint's config goes to vLLM's hook unchanged (the plugin must never stop vLLM serving stock models); a ropekit
+    checkpoint is refused, naming why, instead of serving it through a hook the plugin does not know."""
+
+    class Untested(hook):
+        wraps = hook
+
+        @staticmethod
+        def verify_and_update_model_config(model_config: Any) -> None:
+            if getattr(model_config.hf_config, "ropekit", None) is not None:
+                raise ValueError(
+                    f"ropekit vLLM plugin ({name}): vLLM has a config hook of its own for this architecture "
+                    f"({hook.__name__}), which the plugin was not tested with (this vLLM release is not one it was "
+                    f"tested with: see ropekit.serve.vllm.TESTED_VLLM)"
+                )
+            hook.verify_and_update_model_config(model_config)
+
+    Untested.__name__ = Untested.__qualname__ = f"Untested_{hook.__name__}"
+    return Untested
+
+
 def run_after(hook: type, ours: type) -> type:
     """The config hook ``ours`` run after vLLM's own ``hook`` of the architecture (``wraps`` names it)."""
 
@@ -182,24 +204,21 @@ def transformers_form(hf_config: Any) -> Any:
 
 def register_config_hooks(names: list[str]) -> None:
     """Put :class:`MRoPEHandles` (or the architecture's :data:`OWN_HOOKS`) in vLLM's config hooks under each of
-    ``names``, after vLLM's own where the plugin was tested with it (:data:`CHAINED_HOOKS`); refuse where vLLM has
-    another."""
+    ``names``, after vLLM's own where the plugin was tested with it (:data:`CHAINED_HOOKS`); where vLLM has another,
+    :func:`untested_hook`."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     for name in names:
         # vLLM's own hook of the architecture; a ropekit checkpoint names it with the prefix, which vLLM does not know
         hook = MODELS_CONFIG_MAP.get(_unprefixed(name))
-        if isinstance(hook, type) and issubclass(hook, MRoPEHandles):  # registered before (vLLM loads plugins in
+        if isinstance(hook, type) and (issubclass(hook, MRoPEHandles) or hook.__name__.startswith("Untested_")):  # registered before (vLLM loads plugins in
             hook = getattr(hook, "wraps", None)  # every process, and may call them again)
         if hook is None:
             MODELS_CONFIG_MAP[name] = OWN_HOOKS.get(_unprefixed(name), MRoPEHandles)
         elif hook.__name__ in CHAINED_HOOKS:
             MODELS_CONFIG_MAP[name] = run_after(hook, MRoPEHandles)
-        else:
-            raise RuntimeError(
-                f"ropekit vLLM plugin: vLLM has a config hook of its own for {name} ({hook.__name__}); the plugin "
-                f"would replace it. This vLLM release is not one the plugin was tested with"
-            )
+        else:  # not a hook of the tested release: vLLM's own for a stock checkpoint, a ropekit one refused
+            MODELS_CONFIG_MAP[name] = untested_hook(hook, name)
 
 
 class OneDPlacement(_Placement):
