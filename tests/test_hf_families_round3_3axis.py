@@ -23,7 +23,7 @@ from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here
 from test_hf_families_3axis import _batches, _encoded, assert_every_design_places_its_positions
 import ropekit
 from ropekit.hf import boundary, is_patched, last_positions, patch_model, supported_models
-from ropekit.hf.adapters import ADAPTERS
+from ropekit.hf.adapters import ADAPTERS, cohere_compass
 from ropekit.hf.boundary import UnsupportedTransformersError
 
 
@@ -60,12 +60,21 @@ def _cosmos3_omni():
         vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
 
 
+def _compass_rope(rope):
+    """Before transformers 5.21 Compass pre-permutes its frequencies whatever ``mrope_interleaved`` says (and ropekit
+    refuses a flag contradicting the model): the flag is left out there. Its ``[2, 3, 3]`` then reads (h, w, t)."""
+    if rope is None or not cohere_compass.prerotated():
+        return rope
+    return {k: v for k, v in rope.items() if k != "mrope_interleaved"}
+
+
 def _cohere_compass(rope_full=dict(QWEN3_ROPE, rope_theta=1e4)):
     # a Cohere 2 decoder with a table per layer type: sliding-window layers (window 6) at base 1e6, full-attention
     # layers at base 1e4 (None: no positions on them)
     return T.CohereCompassForConditionalGeneration(T.CohereCompassConfig(
         text_config=dict(TEXT, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=6,
-                         rope_parameters={"sliding_attention": QWEN3_ROPE, "full_attention": rope_full}),
+                         rope_parameters={"sliding_attention": _compass_rope(QWEN3_ROPE),
+                                          "full_attention": _compass_rope(rope_full)}),
         vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]), image_token_id=IMG, video_token_id=VID))
 
 
@@ -90,7 +99,10 @@ FAMILIES = {
     "qwen4_exp": (Family(_qwen4_exp, (24,), "frames"), "Qwen4ExpForConditionalGeneration"),
     "cosmos3_edge": (Family(_cosmos3_edge, (12,), "frames"), "Cosmos3EdgeForConditionalGeneration"),
     "cosmos3_omni": (Family(_cosmos3_omni, (24,), "frames"), "Cosmos3OmniForConditionalGeneration"),
-    "cohere_compass": (Family(_cohere_compass, (24,), "frames"), "CohereCompassForConditionalGeneration"),
+    # transformers 5.18's Compass lists no video modality, so its (stock) generate refuses videos: none there
+    "cohere_compass": (Family(_cohere_compass, (24,), "frames" if "video" in getattr(
+        getattr(T, "CohereCompassForConditionalGeneration", None), "input_modalities", ("video",)) else None),
+        "CohereCompassForConditionalGeneration"),
     "hy_v4_vl": (Family(_hy_v4_vl, (12,), "frames", newline=1), "HYV4VLForConditionalGeneration"),
 }
 
@@ -489,3 +501,94 @@ def test_minicpmv4_7_pack_refusals():
     with pytest.raises(ValueError, match="`pixel_values` have shapes"):
         ropekit.hf.pack(model, [two_rows, samples[1]])
     restore(model)
+
+
+def _prerotated_reference(sections_hwt, positions, base, half):
+    """Angles ``(N, half)`` of transformers' Command A Compass rotary before 5.21, recomputed in float64 from its
+    steps: the ``h + w`` highest frequencies reordered even-indexed first, then odd-indexed, the lowest ``t`` kept;
+    the angles of all three axes for every frequency; chunk ``i`` of ``[h, w, t]`` then read from axis ``(i + 1) % 3``
+    (positions are ``(t, h, w)``)."""
+    h, w, t = sections_hwt
+    freqs = base ** (-torch.arange(0, 2 * half, 2, dtype=torch.float64) / (2 * half))
+    spatial = freqs[:h + w]
+    reordered = torch.cat([spatial[0::2], spatial[1::2], freqs[h + w:]])
+    angles = positions.double().t()[:, :, None] * reordered  # (3, N, half)
+    chunks = angles.split([h, w, t], dim=-1)
+    return torch.cat([chunks[i][(i + 1) % 3] for i in range(3)], dim=-1)
+
+
+@pytest.mark.parametrize("sections", [[22, 22, 20], [2, 3, 3], [3, 2, 3], [0, 5, 3]])
+def test_compass_prerotated_allocation_is_the_old_compass_rotary(sections):
+    """The ``compass-prerotated`` allocation (sections ``[t, h, w]``) turns pair j at transformers' pre-5.21
+    Compass frequency and axis for the checkpoint's ``mrope_section`` ``[h, w, t]``, odd splits included."""
+    h, w, t = sections
+    half = h + w + t
+    W = ropekit.frequency_matrix("compass-prerotated", 2 * half, 3, base=1e4, sections=[t, h, w])
+    positions = torch.randint(0, 50, (7, 3)).double()
+    want = _prerotated_reference(sections, positions, 1e4, half)
+    torch.testing.assert_close(positions @ W.double(), want, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="no default split"):
+        ropekit.frequency_matrix("compass-prerotated", 2 * half, 3)
+    with pytest.raises(ValueError, match="summing to rotary_dim/2"):
+        ropekit.frequency_matrix("compass-prerotated", 2 * half, 3, sections=[t, h, w + 1])
+
+
+def _other_side_of_5_21(monkeypatch):
+    """Make ropekit read the installed transformers as a release on the other side of Compass's 5.21 change."""
+    old = cohere_compass.prerotated()
+    monkeypatch.setattr(boundary, "transformers_version", lambda: "5.24.0" if old else "5.19.0")
+    assert cohere_compass.prerotated() is not old
+
+
+def test_compass_checkpoint_restores_the_layout_it_was_patched_with(tmp_path, monkeypatch):
+    """Compass's rotary changed layout at transformers 5.21 (pre-permuted before, interleaved after). A checkpoint
+    records the layout it was patched (and trained) with and restores it on a release with the other layout, its
+    config's ``mrope_interleaved`` saying that layout: the reloaded model's logits are the saved model's, its tables
+    not the installed release's native ones."""
+    if _missing("cohere_compass"):
+        pytest.skip(_missing("cohere_compass"))
+    from test_hf_families_3axis import IMAGES, make_batch
+    family = FAMILIES["cohere_compass"][0]
+    model = _seeded(_cohere_compass)
+    inputs, _ = make_batch(family, IMAGES)
+    here = ADAPTERS["cohere_compass"].native_allocation
+    with monkeypatch.context() as m:
+        _other_side_of_5_21(m)
+        there = ADAPTERS["cohere_compass"].native_allocation
+        for rope in model.config.text_config.rope_parameters.values():  # the flag as that release's config says
+            rope["mrope_interleaved"] = there == "interleaved"
+        patch_model(model, "circle", age="alternate", alpha=0.5)
+        assert set(model.config.ropekit["allocations"].values()) == {there}
+    ref = _logits_of(model, inputs)
+    model.save_pretrained(tmp_path)
+    loaded = ropekit.hf.from_pretrained(tmp_path, type(model)).eval()
+    assert here != there and loaded.config.ropekit["allocations"] == model.config.ropekit["allocations"]
+    assert torch.equal(_logits_of(loaded, inputs), ref)
+    for rope in loaded.config.text_config.rope_parameters.values():
+        rope["mrope_interleaved"] = here == "interleaved"
+    patch_model(loaded, "circle", age="alternate", alpha=0.5)  # patched anew: the installed release's layout
+    assert set(loaded.config.ropekit["allocations"].values()) == {here}
+    assert not torch.allclose(_logits_of(loaded, inputs), ref, atol=1e-4)
+
+
+def _logits_of(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits[inputs["attention_mask"].bool()]
+
+
+def test_compass_before_5_21_refuses_what_its_rotary_does_not_pre_permute(monkeypatch):
+    """Before 5.21 Compass pre-permutes 'default' rope tables only, whatever ``mrope_interleaved`` says: another
+    rope type, or the flag set (on a fresh patch), is refused by name, the model left stock."""
+    if _missing("cohere_compass"):
+        pytest.skip(_missing("cohere_compass"))
+    linear = dict(_compass_rope(QWEN3_ROPE), rope_type="linear", factor=2.0)
+    scaled = _cohere_compass(rope_full=linear)
+    flagged = _cohere_compass()
+    flagged.config.text_config.rope_parameters["sliding_attention"]["mrope_interleaved"] = True
+    if not cohere_compass.prerotated():
+        _other_side_of_5_21(monkeypatch)
+    with pytest.raises(ValueError, match="pre-permutes the frequencies of 'default' rope tables only"):
+        patch_model(scaled, "circle")
+    with pytest.raises(ValueError, match=r"\['mrope_interleaved'\] is True.*does not interleave"):
+        patch_model(flagged, "circle")
+    assert not is_patched(scaled) and not is_patched(flagged)

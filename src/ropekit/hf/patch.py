@@ -290,7 +290,7 @@ def _scaling_part(rope: dict) -> dict:
 _LAYOUT_FLAGS = ("interleaved", "mrope_interleaved")
 
 
-def _without_layout_flags(adapter: Adapter, config: Any, rope: dict) -> dict:
+def _without_layout_flags(native: str, config: Any, rope: dict) -> dict:
     """``rope`` without the layout flags the text config's class tells transformers' rope validation to skip
     (``ignore_keys_at_rope_validation``: Qwen3-Omni's ``interleaved``, Qwen3-VL's and Qwen3.5's
     ``mrope_interleaved``). transformers' rotary reads neither: those models interleave their sections whatever the
@@ -302,7 +302,7 @@ def _without_layout_flags(adapter: Adapter, config: Any, rope: dict) -> dict:
         if key not in out or key not in skipped:
             continue
         value = out.pop(key)
-        interleaves = adapter.native_allocation == "interleaved"
+        interleaves = native == "interleaved"
         if value is not interleaves:
             raise ValueError(
                 f"rope_parameters[{key!r}] is {value!r}, but {type(config).__name__}'s model "
@@ -310,6 +310,20 @@ def _without_layout_flags(adapter: Adapter, config: Any, rope: dict) -> dict:
                 f"(transformers does not read it); set it to {interleaves} or remove it"
             )
     return out
+
+
+def _native(adapter: Adapter, saved: Optional[Mapping], names: Sequence[str], options: Mapping[str, dict]) -> str:
+    """The layout of the family's own M-RoPE that 3-axis designs take by default: the installed transformers
+    release's (the adapter's ``native_allocation``), or, restoring a checkpoint of a family whose layout changed
+    within the tested releases, the one it was patched with (read from the recorded allocation of a design that
+    takes the native layout), so it rotates as it was trained on either side of the change."""
+    native = adapter.native_allocation
+    if saved is None or not adapter.native_layouts:
+        return native
+    recorded = {a for n, a in (saved.get("allocations") or {}).items()
+                if n in names and _pick(saved.get("allocation"), n) is None
+                and get_design(n).allocation_for(options.get(n, {})) == "mrope"}
+    return recorded.pop() if len(recorded) == 1 and recorded <= set(adapter.native_layouts) else native
 
 
 def _uses_sections(allocation: str, num_axes: int, sections: Sequence[int], native: str) -> bool:
@@ -415,7 +429,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     tables = _rope_tables(adapter, text)  # {table key: rope parameters} (key None: one table for every layer)
     dims = {key: adapter.table_dim(text, key) for key in tables}  # rotary channels of each table's layers
     rotated = {key: _rotated_pairs(rope, dims[key]) for key, rope in tables.items()}  # proportional tables
-    native = adapter.native_allocation
+    native = _native(adapter, saved if restoring else None, names, per_design)
+    adapter.check_layout(native, tables)
     given_sections = sections is not None
     first = next(iter(tables.values()))
     turning = {key: dims[key] // 2 if rotated[key] is None else rotated[key] for key in tables}  # pairs that turn
@@ -426,14 +441,15 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
             f"default split of its own pairs)"
         )
     half = next(iter(turning.values()))
-    sections = adapter.sections(first, half) if sections is None else _check_sections(sections, 2 * half)
-    if restoring and saved.get("sections") not in (None, sections):  # sections were overridden when patched
+    if restoring and saved.get("sections") is not None:  # the split the checkpoint was patched with
         sections = _check_sections(saved["sections"], 2 * half)
+    else:
+        sections = adapter.sections(first, half) if sections is None else _check_sections(sections, 2 * half)
     variants = {}
     for key, rope in tables.items():
         secs = sections if turning[key] == half else adapter.sections(rope, turning[key])
         try:
-            rope = _without_layout_flags(adapter, tcfg, rope)
+            rope = _without_layout_flags(native, tcfg, rope)
             scaling = parse_scaling(scaling_from_config(_RopeConfig(tcfg, _scaling_part(rope))))
         except (ValueError, TypeError) as e:
             where = "" if key is None else f" ({key!r} layers)"

@@ -1,8 +1,9 @@
 """Frequency allocations of published multimodal RoPE variants, as planar frequency matrices ``W``.
 
 Each rule says which position axis (0 = t, 1 = h, 2 = w) drives frequency pair ``j`` of the
-standard spectrum ``base^(-2j/R)``; pair 0 is the highest frequency. A zero column means the pair
-is not rotated (NoPE). All of these take three axes (t, h, w).
+standard spectrum ``base^(-2j/R)`` (one rule, ``"compass-prerotated"``, also reorders those frequencies over the
+pairs); pair 0 is the highest frequency. A zero column means the pair is not rotated (NoPE). All of these take
+three axes (t, h, w).
 
 - ``"mrope-interleave"`` (MRoPE-I, Qwen3-VL): h on ``j ≡ 1``, w on ``j ≡ 2 (mod 3)`` for the first
   ``3·s`` pairs, t on every other pair; ``s = ⌊5·(R/2)/16⌋`` (20 of 64 pairs each for h and w) unless
@@ -21,6 +22,12 @@ is not rotated (NoPE). All of these take three axes (t, h, w).
   (even j) and w (odd j), the last ``t`` pairs are temporal. That is the ``"videorope"`` rule with
   explicit sections. The family rotates GPT-J pairs ``(2j, 2j + 1)``: use it with
   ``channels="interleaved"``.
+- ``"compass-prerotated"`` (Command A Compass's text rotary before transformers 5.21): ``sections = [t, h, w]``
+  (required: the checkpoint's ``mrope_section`` reads ``[h, w, t]``). The ``h + w`` highest frequencies are laid
+  out even-indexed first, then odd-indexed, and the pairs in that order go ``h`` to height, ``w`` to width; the
+  last ``t`` pairs (the lowest frequencies, in order) are temporal. Pair ``j`` of ``W`` is then not frequency ``j``
+  of the spectrum: ``W``'s columns follow that order, which is how the model's rotate-half tables lay them on its
+  channels.
 - ``"c2rope"`` (C²RoPE): the highest-frequency pairs to the 1-D position m (axis 0), then a run to x
   (axis 1) and the lowest to y (axis 2); ``sections = [m, x, y]``, default ``[R/2 − 2k, k, k]`` with
   ``k = max(1, round(3·(R/2)/64))`` (the authors' 58/3/3 of 64 pairs).
@@ -98,6 +105,24 @@ def _mrope_interleave(half: int, sections, name: str) -> torch.Tensor:
     return axis
 
 
+def _compass_prerotated(half: int, sections, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if sections is None:
+        raise ValueError(f"allocation {name!r} has no default split: pass sections=[t, h, w], the checkpoint's "
+                         f"mrope_section [h, w, t] reordered, summing to rotary_dim/2 = {half} (e.g. [20, 22, 22] "
+                         f"for rotary_dim 128)")
+    if isinstance(sections, (str, bytes)) or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sections):
+        raise TypeError(f"allocation {name!r}: `sections` must be three ints [t, h, w] (numbers of frequency "
+                        f"pairs), got {sections!r}")
+    t, h, w = secs = [int(s) for s in sections]
+    if len(secs) != 3 or min(secs) < 0 or sum(secs) != half:
+        raise ValueError(f"allocation {name!r}: `sections` must be [t, h, w], none negative, summing to "
+                         f"rotary_dim/2 = {half} (e.g. [20, 22, 22] for rotary_dim 128), got {list(sections)}")
+    spatial = torch.arange(h + w)
+    order = torch.cat([spatial[0::2], spatial[1::2], torch.arange(h + w, half)])
+    return torch.repeat_interleave(torch.tensor([H, W, T]), torch.tensor([h, w, t])), order
+
+
 def _c2rope(half: int, sections, name: str) -> torch.Tensor:
     if sections is None:
         k = max(1, (3 * half + 32) // 64)  # 3 of 64 pairs each for x and y, as in the authors' code
@@ -115,7 +140,9 @@ def _c2rope(half: int, sections, name: str) -> torch.Tensor:
     return torch.repeat_interleave(torch.tensor([T, H, W]), torch.tensor(secs))
 
 
-#: name -> (axis rule (half, sections, name) -> axis per pair, temporal pairs get frequency 0)
+#: name -> (axis rule (half, sections, name) -> axis per pair, temporal pairs get frequency 0); a rule may also
+#: return the order of the spectrum's frequencies over the pairs (``(axis, order)``): pair j then turns at
+#: frequency ``order[j]``
 _RULES: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
     "mrope-interleave": (_mrope_interleave, False),
     "videorope": (lambda half, s, n: _videorope(half, s, False, n), False),
@@ -125,6 +152,7 @@ _RULES: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
     "mmrope": (_mmrope, False),
     "bailing-mrope": (_bailing, False),
     "c2rope": (_c2rope, False),
+    "compass-prerotated": (_compass_prerotated, False),
 }
 
 PUBLISHED = tuple(_RULES) + ("mhrope",)
@@ -132,7 +160,13 @@ PUBLISHED = tuple(_RULES) + ("mhrope",)
 
 def axis_of_pairs(allocation: str, half: int, sections: Optional[Sequence[int]] = None) -> torch.Tensor:
     """The axis (0 = t, 1 = h, 2 = w) each of ``half`` frequency pairs uses under a published rule, int64."""
-    return _RULES[allocation][0](half, sections, allocation)
+    return _axes_and_order(allocation, half, sections)[0]
+
+
+def _axes_and_order(allocation: str, half: int, sections: Optional[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The axis of each pair and the spectrum frequency each pair turns at (``arange(half)`` for most rules)."""
+    out = _RULES[allocation][0](half, sections, allocation)
+    return out if isinstance(out, tuple) else (out, torch.arange(half))
 
 
 def _mhrope(freqs: torch.Tensor, sections: Optional[Sequence[int]]) -> torch.Tensor:
@@ -157,10 +191,10 @@ def published_matrix(
                          f"got {num_axes}")
     if allocation == "mhrope":
         return _mhrope(freqs, sections)
-    rule, temporal_off = _RULES[allocation]
-    axis = rule(freqs.numel(), sections, allocation)
+    temporal_off = _RULES[allocation][1]
+    axis, order = _axes_and_order(allocation, freqs.numel(), sections)
     Wm = torch.zeros(3, freqs.numel(), dtype=torch.float32)
-    Wm[axis, torch.arange(freqs.numel())] = freqs
+    Wm[axis, torch.arange(freqs.numel())] = freqs[order]
     if temporal_off:
         Wm[T] = 0.0
     return Wm

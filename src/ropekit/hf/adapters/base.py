@@ -140,6 +140,13 @@ class Adapter:
     def check(self, inner: nn.Module) -> None:
         """Refuse, at patch time, a model whose layout this family's adapter cannot place."""
 
+    #: every native layout this family's model has had across the tested transformers releases (empty: only
+    #: :attr:`native_allocation`); a restored checkpoint keeps the one it was patched with (Cohere Compass)
+    native_layouts: tuple = ()
+
+    def check_layout(self, native: str, tables: dict) -> None:
+        """Refuse rope tables (``{table key: rope parameters}``) that the native layout ``native`` cannot build."""
+
     def check_packed(self, config: Any, row: dict) -> None:
         """Refuse a packed row (:func:`ropekit.hf.pack`'s output) whose joined vision inputs the model, given a bare
         model's ``config``, would not encode as it encodes each sample alone."""
