@@ -24,7 +24,6 @@ from test_hf_families_3axis import _batches, _encoded, assert_every_design_place
 import ropekit
 from ropekit.hf import boundary, is_patched, last_positions, patch_model, supported_models
 from ropekit.hf.adapters import ADAPTERS, cohere_compass
-from ropekit.hf.boundary import UnsupportedTransformersError
 
 
 def _qwen4_exp():
@@ -113,15 +112,9 @@ def _needs(cls):
 
 
 def _missing(name):
-    """Why this transformers cannot run family ``name``'s matrix (None when it can): no such class, or a release
-    older than the oldest whose layout the adapter knows (refused: test_older_releases_are_refused)."""
+    """Why this transformers cannot run family ``name``'s matrix (None when it can): it has no such class."""
     cls = FAMILIES[name][1]
-    if not hasattr(T, cls):
-        return f"transformers {T.__version__} has no {cls}"
-    oldest = ADAPTERS[name].oldest_transformers
-    if oldest and boundary._release(T.__version__) < boundary._release(oldest[0]):
-        return f"transformers {T.__version__}: {name} needs {oldest[0]} (refused before, as tested below)"
-    return None
+    return None if hasattr(T, cls) else f"transformers {T.__version__} has no {cls}"
 
 
 #: for tests/test_hf_boundary.py: the families this transformers runs
@@ -160,19 +153,6 @@ def test_every_design_places_its_positions(fam):
 
 def test_supported_models_lists_the_families():
     assert set(FAMILIES) <= set(supported_models())
-
-
-@pytest.mark.parametrize("name", [n for n in FAMILIES if ADAPTERS[n].oldest_transformers])
-def test_older_releases_are_refused(name, monkeypatch):
-    """A family whose layout changed within the tested range is refused, by name and with the release to install,
-    on a release before the change; the model is left stock."""
-    _needs(FAMILIES[name][1])
-    oldest = ADAPTERS[name].oldest_transformers[0]
-    model = FAMILIES[name][0].build().eval()
-    monkeypatch.setattr(boundary, "transformers_version", lambda: "5.18.0")
-    with pytest.raises(UnsupportedTransformersError, match=rf"{name} needs transformers >= {oldest} \(installed: 5\.18\.0\)"):
-        patch_model(model, "mrope")
-    assert not is_patched(model)
 
 
 # ---------------------------------------------------------------------------------------------------------------
