@@ -995,3 +995,23 @@ def test_cohere_compass_facts_the_served_model_rests_on():
                 list(read)
         else:
             assert [n for n, _ in read] == [n for n, _ in weights]
+
+
+def test_a_stock_cohere_compass_checkpoint_builds_vllms_own_model(monkeypatch):
+    """vLLM's registry resolves CohereCompassForConditionalGeneration, the name a stock checkpoint carries, to the
+    plugin's class, which for a config without a ropekit record builds vLLM's own model, unchanged (its __init__
+    recorded here instead of run: no engine)."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.cohere_compass import CohereCompassForConditionalGeneration as Stock
+    from vllm.plugins import load_general_plugins
+
+    from ropekit.serve.vllm import models
+
+    load_general_plugins()
+    arch = "CohereCompassForConditionalGeneration"
+    assert ModelRegistry.models[arch].module_name == "ropekit.serve.vllm.models"
+    built = []
+    monkeypatch.setattr(Stock, "__init__", lambda self, *, vllm_config, prefix="": built.append(vllm_config))
+    stock_config = _config()
+    model = getattr(models, arch)(vllm_config=stock_config, prefix="")
+    assert type(model) is Stock and built == [stock_config]

@@ -383,6 +383,21 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
             assert (got - stock_lp).abs().max().item() > 3 * TOL_BF16[family]
         else:
             assert (got - stock_lp).abs().max().item() > 100 * TOL
+        if "allocation" in MODELS[name][2]:  # the layout the record names, not the installed release's native one
+            native = _native_layout_logprobs(name, path, processor, prompt, mm)[shared]
+            assert (got - native).abs().max().item() > 100 * TOL
+
+
+def _native_layout_logprobs(name, path, processor, prompt, mm):
+    """Log-probabilities of checkpoint ``name``'s design (and AGE) patched anew on its stock model, in the installed
+    transformers release's native layout instead of the allocation its record names (Command A Compass: the
+    pre-permuted layout of transformers < 5.21 instead of the interleaved one)."""
+    from ropekit.hf import patch_model
+
+    _, design, patch, _, _ = MODELS[name]
+    model, _ = _hf(path, stock=True)
+    patch_model(model, design, **{k: v for k, v in patch.items() if k != "allocation"})
+    return _hf_logprobs(model, processor, prompt, mm)[1]
 
 
 def test_generated_tokens_and_prefix_cache_hit_equal_teacher_forcing(served):
