@@ -2,13 +2,17 @@
 
 transformers 5.23 renamed ``gradient_checkpointing_enable/disable`` to ``activation_checkpointing_enable/
 disable`` (and their ``gradient_checkpointing_kwargs`` argument); the tests use whichever the installed
-release has, so the same checks run at the oldest supported release and the newest. The checkpointed-training
+release has, so the same checks run at the oldest supported release and the newest. transformers 5.21 moved the Omni
+processors' interleaving of a video with its audio track into ``replace_video_with_audio_token``
+(:func:`processor_video_with_audio` calls whichever the release has). The checkpointed-training
 check every family runs lives here once too, built on them, with the two model helpers every family's
 fixtures share (a tiny random model set up to generate; a model restored after a test), and the per-sample
 reference the packing tests compare a packed row with.
 """
 import re
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,9 +35,31 @@ def restore(model) -> None:
     cleared."""
     if is_patched(model):
         unpatch_model(model)
-    inner = getattr(model, "model", None)
-    if getattr(inner, "rope_deltas", None) is not None:
-        inner.rope_deltas = None
+    for owner in (model, getattr(model, "model", None)):  # the bare model (before 5.21 the Omni thinker itself)
+        if getattr(owner, "rope_deltas", None) is not None:
+            owner.rope_deltas = None
+
+
+def processor_video_with_audio(processor, t: int, h: int, w: int, n: int, seconds: float, merge: int = 2,
+                               rate: int = 25, chunk_seconds: int = 2) -> str:
+    """An Omni processor class's tokens for a video with its audio track (``use_audio_in_video``): patch grid
+    ``t × h × w``, ``n`` audio tokens, ``seconds`` per temporal grid, written '<' audio start, 'v' video, 'a' audio,
+    '>' audio end (the vision start and end tokens go around it). The processor's own code, bound to these
+    single-character tokens: ``replace_video_with_audio_token`` since transformers 5.21, the video branch of
+    ``replace_multimodal_special_tokens`` before."""
+    me = SimpleNamespace(audio_bos_token="<", audio_eos_token=">", video_token="v", audio_token="a",
+                         video_processor=SimpleNamespace(merge_size=merge))
+    me.get_chunked_index = lambda *a: processor.get_chunked_index(me, *a)
+    if hasattr(processor, "replace_video_with_audio_token"):
+        return processor.replace_video_with_audio_token(
+            me, {"video_grid_thw": [[t, h, w]], "video_second_per_grid": [seconds]}, 0, {"num_audio_tokens": [n]},
+            0, position_id_per_seconds=rate, seconds_per_chunk=chunk_seconds)
+    me.vision_bos_token, me.vision_eos_token, me.image_token = "[", "]", "i"
+    me.image_processor = SimpleNamespace(merge_size=merge)
+    text, = processor.replace_multimodal_special_tokens(
+        me, ["[v]"], iter([n]), iter([]), iter([np.array([t, h, w])]), iter([seconds]), True, rate, chunk_seconds)
+    assert text[0] == "[" and text[-1] == "]", text
+    return text[1:-1]
 
 
 def checkpointing_on(model, **kwargs) -> None:

@@ -12,7 +12,6 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -22,10 +21,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 
 import ropekit
 from ropekit import Audio, Image, Text, Video, VideoAudio
-from ropekit.hf import boundary, is_patched, last_positions, layer_designs, patch_model, supported_models
-from ropekit.hf.boundary import UnsupportedTransformersError
+from ropekit.hf import boundary, last_positions, layer_designs, patch_model, supported_models
 
-from hf_compat import assert_checkpointing_keeps_gradients, left_padded, ready_to_generate, restore
+from hf_compat import (assert_checkpointing_keeps_gradients, left_padded, processor_video_with_audio,
+                       ready_to_generate, restore)
 from test_hf_families_3axis import _logits, assert_every_design_places_its_positions, reference_positions
 
 IMG, VID, AUD, V_START, V_END, A_START, A_END, PAD = 70, 71, 72, 73, 74, 75, 76, 0
@@ -86,18 +85,25 @@ FAMILIES = {
     "qwen2_5_omni_thinker": Family(_thinker, _frames_25, {}, "chunks"),
     "qwen3_omni_moe_thinker": Family(_qwen3_thinker, _frames_3, {"temporal_rounding": "exact"}, "time"),
 }
-# before transformers 5.21 the thinkers held their text model directly; the adapters refuse that layout
-# (test_thinkers_of_older_transformers_are_refused), so the matrix below needs 5.21 or later
-LAYOUT_KNOWN = boundary._release(T.__version__) >= boundary._release("5.21.0")
-BUILDERS = {name: f.build for name, f in FAMILIES.items()} if LAYOUT_KNOWN else {}  # for tests/test_hf_boundary.py
+BUILDERS = {name: f.build for name, f in FAMILIES.items()}  # for tests/test_hf_boundary.py
+
+# transformers 5.21 split the thinker: before, the thinker was itself the bare model (the position code and its
+# rope_deltas on it) with its text model at ``thinker.model``; since, ``thinker.model`` is the bare model, its text
+# model at ``language_model``. The stock position code the tests compare with is found accordingly.
+SPLIT = boundary._release(T.__version__) >= boundary._release("5.21.0")
+
+
+def _bare(model):
+    return model.model if SPLIT else model
+
+
+def _text_model(model):
+    return model.model.language_model if SPLIT else model.model
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def fam(request):
     """(family spec, a stock model); the model is unpatched after every test."""
-    if not LAYOUT_KNOWN:
-        pytest.skip(f"transformers {T.__version__}: the thinkers' pre-5.21 layout is refused, as "
-                    f"test_thinkers_of_older_transformers_are_refused checks")
     torch.manual_seed(0)
     m = ready_to_generate(FAMILIES[request.param].build(), PAD, SPECIAL)
     yield FAMILIES[request.param], m
@@ -119,12 +125,7 @@ def _processor_block(family, t, h, w, n, seconds):
     """The family's processor's tokens for a video with its audio (patch grid t × h × w, n audio tokens): '<'
     audio start, 'v' video, 'a' audio, '>' audio end; the vision start and end tokens go around it."""
     cls = T.Qwen2_5OmniProcessor if family.order == "chunks" else T.Qwen3OmniMoeProcessor
-    me = SimpleNamespace(audio_bos_token="<", audio_eos_token=">", video_token="v", audio_token="a",
-                         video_processor=SimpleNamespace(merge_size=2))
-    me.get_chunked_index = lambda *a: cls.get_chunked_index(me, *a)
-    return cls.replace_video_with_audio_token(
-        me, {"video_grid_thw": [[t, h, w]], "video_second_per_grid": [seconds]}, 0, {"num_audio_tokens": [n]}, 0,
-        position_id_per_seconds=25, seconds_per_chunk=2)
+    return processor_video_with_audio(cls, t, h, w, n, seconds)
 
 
 def make_batch(family, samples, seed=0):
@@ -196,7 +197,7 @@ def _batches(family):
 
 def _stock_positions(model, inputs):
     audio = inputs.get("feature_attention_mask")
-    return model.model.get_rope_index(
+    return _bare(model).get_rope_index(
         inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs["attention_mask"],
         False, None if audio is None else audio.sum(1), inputs.get("video_second_per_grid"))
 
@@ -208,17 +209,6 @@ def test_supported_models_lists_the_thinkers():
     assert set(FAMILIES) <= set(supported_models())
     assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen2_5_omni_thinker"][0] == "mrope"  # chunked sections
     assert ropekit.hf.SUPPORTED_MODEL_TYPES["qwen3_omni_moe_thinker"][0] == "interleaved"
-
-
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_thinkers_of_older_transformers_are_refused(name, monkeypatch):
-    """A release before 5.21 (its thinker is the bare model, the text model at ``thinker.model``) is refused by
-    name with the version to install, and the model is left stock."""
-    model = FAMILIES[name].build().eval()
-    monkeypatch.setattr(boundary, "transformers_version", lambda: "5.20.0")
-    with pytest.raises(UnsupportedTransformersError, match=rf"{name} needs transformers >= 5\.21\.0 \(installed: 5\.20\.0\)"):
-        patch_model(model, "tmrope")
-    assert not is_patched(model)
 
 
 def test_stock_equivalent_forward_matches_stock(fam):
@@ -236,7 +226,7 @@ def test_stock_equivalent_forward_matches_stock(fam):
         keep = inputs["attention_mask"].bool()
         out = _logits(model, inputs)
         assert torch.equal(out[keep], ref[keep])
-        assert model.model.rope_deltas is None  # the patched model keeps nothing between calls
+        assert _bare(model).rope_deltas is None  # the patched model keeps nothing between calls
         own = reference_positions(inputs, layouts, "tmrope", **family.stock)
         assert torch.equal(pos[:, keep].float(), own[:, keep])
         for p in last_positions(model).values():
@@ -273,7 +263,7 @@ def test_stock_equivalent_generate_matches_stock(fam):
             assert torch.equal(got.sequences, ref.sequences)
             for w, g in zip(ref.logits, got.logits):
                 assert torch.equal(g, w)
-            assert model.model.rope_deltas is None
+            assert _bare(model).rope_deltas is None
 
 
 def test_every_design_places_its_positions(fam):
@@ -311,7 +301,7 @@ def test_checkpointed_training_step(fam):
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     patch_model(model, "circle", age="alternate")
 
-    assert_checkpointing_keeps_gradients(model, inputs, labels, model.model.language_model)
+    assert_checkpointing_keeps_gradients(model, inputs, labels, _text_model(model))
 
 
 def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
@@ -323,6 +313,27 @@ def test_save_pretrained_and_reload_restore_the_patch(fam, tmp_path):
     loaded = ropekit.hf.from_pretrained(tmp_path, type(model)).eval()  # the family's class, patched from the record
     assert layer_designs(loaded) == layer_designs(model)
     assert torch.equal(_logits(loaded, inputs), ref)
+
+
+@pytest.mark.parametrize("patch", ["stock-equivalent", "circle-age"])
+def test_packed_rows_equal_per_sample_runs(fam, patch):
+    """Samples packed into one padding-free row (ropekit.hf.pack), audio, images and videos, and with the
+    stock-equivalent patch videos with their audio interleaved: each sample's logits equal its own run. The audio
+    features are padded to one length, as the processors pad them (``padding="max_length"``)."""
+    family, model = fam
+    patch_model(model, **(dict(design="tmrope", **family.stock) if patch == "stock-equivalent"
+                           else dict(design="circle", age="alternate")))
+    for kind in [MIXED] + ([AUDIO_IN_VIDEO] if patch == "stock-equivalent" else []):
+        samples = [make_batch(family, [segs], seed=i)[0] for i, segs in enumerate(kind)]
+        frames = max(s["input_features"].shape[-1] for s in samples)
+        for s in samples:
+            pad = frames - s["input_features"].shape[-1]
+            s["input_features"] = torch.nn.functional.pad(s["input_features"], (0, pad))
+            s["feature_attention_mask"] = torch.nn.functional.pad(s["feature_attention_mask"], (0, pad))
+            s["use_audio_in_video"] = kind is AUDIO_IN_VIDEO
+        row = ropekit.hf.pack(model, samples)
+        alone = torch.cat([_logits(model, s)[0] for s in samples])
+        torch.testing.assert_close(_logits(model, row)[0], alone, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -349,18 +360,18 @@ def test_audio_in_video_matches_stock(fam):
             True, audio, inputs["video_second_per_grid"])
     with torch.no_grad():
         ref = _logits(model, inputs)
-        pos, deltas = model.model.get_rope_index(*args)
-        model.model.rope_deltas = None
+        pos, deltas = _bare(model).get_rope_index(*args)
+        _bare(model).rope_deltas = None
         gen = model.generate(**inputs, **kw)
         patch_model(model, "tmrope", **family.stock)
         out = _logits(model, inputs)
         assert torch.equal(out[keep], ref[keep])
-        assert model.model.rope_deltas is None  # the patched model keeps nothing between calls
+        assert _bare(model).rope_deltas is None  # the patched model keeps nothing between calls
         own = reference_positions(inputs, layouts, "tmrope", **family.stock)
         assert torch.equal(pos[:, keep].float(), own[:, keep])
         for p in last_positions(model).values():
             assert torch.equal(p[:, keep], own[:, keep])
-        got, got_deltas = model.model.get_rope_index(*args)
+        got, got_deltas = _bare(model).get_rope_index(*args)
         assert torch.equal(got[:, keep], pos[:, keep]) and torch.equal(got_deltas, deltas)
         got = model.generate(**inputs, **kw)
         assert torch.equal(got.sequences, gen.sequences)

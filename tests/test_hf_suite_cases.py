@@ -25,13 +25,8 @@ from test_hf_families_1d import _seeded as _seeded_1d, make_batch as batch_1d
 from test_hf_families_3axis import GLM_VISION, QWEN_VISION, TEXT, make_batch, FAMILIES as FAMILIES_3AXIS
 from test_hf_families_3axis import _seeded as _seeded_3axis
 from test_hf_llava_anyres import _build as _llava_next, make_batch as llava_next_batch
-from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, LAYOUT_KNOWN, VID as OMNI_VID, V_START
+from test_hf_omni import FAMILIES as OMNI, IMG as OMNI_IMG, VID as OMNI_VID, V_START
 from test_hf_omni import make_batch as omni_batch
-
-
-# before transformers 5.21 the thinkers' layout is refused (tests/test_hf_omni.py checks that refusal)
-omni = pytest.mark.skipif(not LAYOUT_KNOWN, reason=f"transformers {T.__version__}: the thinkers' pre-5.21 layout "
-                                                   f"is refused")
 
 
 def _logits(model, inputs):
@@ -113,7 +108,6 @@ def _qwen3_omni(interleaved):
     return model.eval()
 
 
-@omni
 def test_qwen3_omni_interleaved_key_is_accepted_and_is_the_stock_model():
     model = _qwen3_omni(True)
     inputs, _ = omni_batch(OMNI["qwen3_omni_moe_thinker"], [[("T", 3), ("I", 4, 4), ("T", 2)],
@@ -123,7 +117,6 @@ def test_qwen3_omni_interleaved_key_is_accepted_and_is_the_stock_model():
     assert torch.equal(got[keep], ref[keep])
 
 
-@omni
 def test_qwen3_omni_interleaved_false_is_refused_the_model_interleaves_anyway():
     with pytest.raises(ValueError, match=r"\['interleaved'\] is False.*interleaves its mrope_section"):
         patch_model(_qwen3_omni(False), "tmrope", temporal_rounding="exact")
@@ -240,7 +233,6 @@ def test_generate_continuing_generates_cache_with_the_prompts_token_types_on_a_3
     unpatch_model(model)
 
 
-@omni
 @pytest.mark.parametrize("stray", [OMNI_VID, OMNI_IMG])
 def test_omni_vision_token_outside_a_vision_block_is_text_as_in_stock(stray):
     """transformers' Omni tester draws text ids that include the video token; with no video grids the stock

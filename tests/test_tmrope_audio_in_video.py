@@ -2,12 +2,11 @@
 ``use_audio_in_video=True``), against transformers' own code of Qwen2.5-Omni and Qwen3-Omni.
 
 Two independent references, both transformers': the token order of the block comes from the family's processor
-(``replace_video_with_audio_token``, bound to single-character tokens), and the positions of padded batches of
+(its own code, bound to single-character tokens: tests/hf_compat.py), and the positions of padded batches of
 random samples (text, images, audio, videos with their audio) from the family's
 ``get_rope_index(..., use_audio_in_video=True)``. ropekit places each sample with ``positions`` of its layout.
 """
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,26 +20,18 @@ from test_tmrope import AUDIO as AUDIO_ID, VIDEO as VIDEO_ID
 
 import transformers.models.qwen2_5_omni.processing_qwen2_5_omni as proc25
 import transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe as proc3
-# the references are the 5.21+ code (the processors' replace_video_with_audio_token appeared there, and the patch
-# supports the thinkers from 5.21 only: tests/test_hf_omni.py checks the refusal before it)
-pytestmark = pytest.mark.skipif(not hasattr(proc25.Qwen2_5OmniProcessor, "replace_video_with_audio_token"),
-                                reason="transformers before 5.21: the references used here are not in it")
+
+from hf_compat import processor_video_with_audio
 
 CHUNK_SECONDS = 2  # the seconds_per_chunk of test_tmrope's reference config
 FAMILIES = {"2.5": ("floor", "chunks"), "3": ("exact", "time")}
 
 
 def _processor_block(family, t, h, w, n, seconds):
-    """The family's processor's placeholder of a video with its audio: '<' audio start, 'v' video, 'a' audio,
-    '>' audio end (the vision start and end tokens go around it)."""
+    """The family's processor's placeholder of a video with its audio (t frames of h × w tokens, n audio tokens):
+    '<' audio start, 'v' video, 'a' audio, '>' audio end (the vision start and end tokens go around it)."""
     cls = proc25.Qwen2_5OmniProcessor if family == "2.5" else proc3.Qwen3OmniMoeProcessor
-    me = SimpleNamespace(audio_bos_token="<", audio_eos_token=">", video_token="v", audio_token="a",
-                         video_processor=SimpleNamespace(merge_size=MERGE))
-    me.get_chunked_index = lambda *a: cls.get_chunked_index(me, *a)
-    kwargs = {"position_id_per_seconds": RATE, "seconds_per_chunk": CHUNK_SECONDS}
-    return cls.replace_video_with_audio_token(
-        me, {"video_grid_thw": [[t, h * MERGE, w * MERGE]], "video_second_per_grid": [seconds]}, 0,
-        {"num_audio_tokens": [n]}, 0, **kwargs)
+    return processor_video_with_audio(cls, t, h * MERGE, w * MERGE, n, seconds, MERGE, RATE, CHUNK_SECONDS)
 
 
 SECONDS = [0.5, 1.0, 2.0, 1.4, 1.8, 0.28, 2.6]

@@ -141,6 +141,8 @@ def _rotary_contract(adapter: Adapter) -> boundary.Contract:
 
 
 def _state(model: nn.Module) -> Optional[_State]:
+    if _STATE_ATTR in model.__dict__:  # the bare model, or a generation class that is its own bare model
+        return model.__dict__[_STATE_ATTR]
     inner = model.model if hasattr(model, "lm_head") and hasattr(model, "model") else model
     return inner.__dict__.get(_STATE_ATTR)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from .base import Adapter
 
@@ -28,14 +29,18 @@ _AUDIO_LENGTHS = ("audio_feature_lengths", "audio_seqlens")
 
 class Qwen2_5OmniThinker(Adapter):
     model_type = "qwen2_5_omni_thinker"
-    # before 5.21 the thinker was itself the bare model (its text model at ``thinker.model``, no
-    # ``language_model``, the position code on the generation class); the adapter knows the later layout only
-    oldest_transformers = ("5.21.0", "before 5.21 the thinker held its text model directly, a layout the "
-                                     "adapter does not place")
     takes_token_types = False
     forward_params = frozenset({"input_features", "feature_attention_mask", "audio_feature_lengths",
                                 "use_audio_in_video", "video_second_per_grid"})
     position_params = frozenset({"use_audio_in_video", *_AUDIO_LENGTHS, *_SECONDS})
+
+    def parts(self, model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module]:
+        """Before transformers 5.21 the thinker was itself the bare model: the position code (``get_rope_index``,
+        ``compute_3d_position_ids``, ``rope_deltas``) sat on the generation class and the text model at
+        ``thinker.model``. From 5.21 ``thinker.model`` is the bare model, its text model at ``language_model``."""
+        if hasattr(model, "lm_head") and hasattr(model, "compute_3d_position_ids"):
+            return model, model, getattr(model, "model", None)
+        return super().parts(model)
 
     def stock_design(self) -> tuple[str, dict]:
         return "tmrope", {}  # video time truncated, as the family's get_rope_index does
