@@ -327,32 +327,15 @@ def test_qwen3_vl_moe_experts_whose_layout_cannot_be_told_are_refused():
 
 def test_the_omni_thinkers_are_refused_at_config_time_with_the_facts_their_reason_rests_on():
     """A ropekit Omni thinker checkpoint is refused when vLLM reads its config (before vLLM builds the whole Omni
-    model's processor, which cannot read a thinker config). The reason's facts: this environment's transformers (the
-    one vLLM 0.32 requires) is older than the thinker adapters need, so patch_model refuses the thinker, and vLLM
-    0.32 has no model of the thinker's architecture."""
-    import torch
-    import transformers as T
+    model's processor, which cannot read a thinker config). The reason's fact: vLLM 0.32 implements the whole Omni
+    models only and has no model of the thinker's architecture."""
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.model_executor.models.registry import _VLLM_MODELS
     from vllm.plugins import load_general_plugins
 
-    from ropekit.hf import patch_model
-    from ropekit.hf.boundary import UnsupportedTransformersError
     from ropekit.serve.vllm import models
 
-    # transformers 5.19 (vLLM 0.32: < 5.20): the thinker holds its text model directly, which the adapter refuses
-    thinker = T.Qwen2_5OmniThinkerForConditionalGeneration(T.Qwen2_5OmniThinkerConfig(
-        text_config=dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
-                         vocab_size=80, num_hidden_layers=1,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, intermediate_size=16, num_heads=2,
-                           spatial_merge_size=2, patch_size=2, temporal_patch_size=2, window_size=8,
-                           fullatt_block_indexes=[0]),
-        audio_config=dict(num_mel_bins=8, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
-                          d_model=16, output_dim=32, n_window=8, max_source_positions=64)))
-    with torch.no_grad(), pytest.raises(UnsupportedTransformersError, match=r"needs transformers >= 5\.21"):
-        patch_model(thinker, "circle")
     load_general_plugins()
     for arch in models.OMNI_THINKERS:
         assert arch not in _VLLM_MODELS  # vLLM implements the whole Omni models only
@@ -366,8 +349,8 @@ def test_the_omni_thinkers_are_refused_at_config_time_with_the_facts_their_reaso
 
         hook.verify_and_update_model_config(model_config(None))  # no record: left to vLLM
         with pytest.raises(ValueError, match=rf"{arch} patched by ropekit .*'circle'.* registers no model of this "
-                                             rf"architecture\. It is not served because .*needs transformers >= "
-                                             rf"5\.21.* requires transformers < 5\.20"):
+                                             rf"architecture\. It is not served because vLLM 0\.32 implements the "
+                                             rf"Omni models under the whole model's architectures only"):
             hook.verify_and_update_model_config(model_config({"design": "circle"}))
         with pytest.raises(ValueError, match=rf"{arch} patched by ropekit"):
             getattr(models, name)(vllm_config=_config({"design": "circle"}), prefix="")

@@ -691,10 +691,7 @@ _QWEN3_5_TEXT = (
     "class is not wired to it"
 )
 _OMNI = (
-    "ropekit places a prompt by running the patched transformers model, and its patch of the Omni thinkers needs "
-    "transformers >= 5.21 (the thinker's layout from 5.21 on), while vLLM 0.32 requires transformers < 5.20, under "
-    "which patch_model refuses the thinker; moreover vLLM 0.32 implements the Omni models under the whole model's "
-    "architectures only, reading the whole model's config (thinker_config) and thinker.-prefixed weights, while "
+    "vLLM 0.32 implements the Omni models under the whole model's architectures only, reading the whole model's config (thinker_config) and thinker.-prefixed weights, while "
     "ropekit patches and saves the thinker alone (Qwen2_5OmniThinkerForConditionalGeneration, "
     "Qwen3OmniMoeThinkerForConditionalGeneration), an architecture vLLM 0.32 has no model of"
 )
