@@ -64,17 +64,6 @@ def check_version(what: str) -> None:
         )
 
 
-def check_family_version(what: str, family: str, oldest: str, why: str) -> None:
-    """Refuse ``family`` on a transformers release older than ``oldest``, the first one whose layout of the
-    family the adapter knows (``why`` says what changed)."""
-    version = transformers_version()
-    if not version.startswith("<") and _release(version) < _release(oldest):
-        raise UnsupportedTransformersError(
-            f"{what}: {family} needs transformers >= {oldest} (installed: {version}); {why}. Upgrade "
-            f"transformers: pip install 'transformers>={oldest}'"
-        )
-
-
 @dataclass(frozen=True)
 class Contract:
     """What one hook handles of the method it replaces.

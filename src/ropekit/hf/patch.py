@@ -72,8 +72,6 @@ def _parts(model: nn.Module) -> tuple[Optional[nn.Module], nn.Module, nn.Module,
             f"(their ...ForConditionalGeneration or bare ...Model classes)"
         )
     adapter = ADAPTERS[mtype]
-    if adapter.oldest_transformers is not None:
-        boundary.check_family_version("patch_model", mtype, *adapter.oldest_transformers)
     top, inner, text = adapter.parts(model)
     hooked = "forward" if adapter.one_d else "compute_3d_position_ids"
     if not hasattr(inner, hooked) or text is None or not hasattr(text, "rotary_emb"):

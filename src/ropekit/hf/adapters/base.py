@@ -124,10 +124,6 @@ class Adapter:
     #: code places as the grid's last column (HY-V4-VL)
     newline_column: bool = False
 
-    #: the oldest transformers release whose layout of this family the adapter knows, and what changed
-    #: there (``(version, reason)``); older releases are refused at patch time. None: the project's floor
-    oldest_transformers: Optional[tuple] = None
-
     @property
     def name(self) -> str:
         return self.model_type
