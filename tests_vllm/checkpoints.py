@@ -98,6 +98,17 @@ COMPASS_VOCAB = {w: i for i, w in enumerate(WORDS + COMPASS_SPECIAL)}
 COMPASS_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [6, 6, 4]}  # (h, w, t) before 5.21
 
 
+# Qwen2.5-Omni: an image is <|vision_bos|>, its merged grid of <|IMAGE|>, <|vision_eos|> (videos alike, <|VIDEO|>); an
+# audio is <|audio_bos|>, its <|AUDIO|> tokens, <|audio_eos|>
+OMNI_SPECIAL = ["<|endoftext|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>",
+                "<|audio_eos|>", "<|AUDIO|>", "<unk>"]
+OMNI_VOCAB = {w: i for i, w in enumerate(WORDS + OMNI_SPECIAL)}
+OMNI_NAMED = dict(image_token="<|IMAGE|>", video_token="<|VIDEO|>", audio_token="<|AUDIO|>",
+                  vision_bos_token="<|vision_bos|>", vision_eos_token="<|vision_eos|>",
+                  audio_bos_token="<|audio_bos|>", audio_eos_token="<|audio_eos|>")
+OMNI_MEL = 8  # mel bins of an audio frame
+
+
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -153,6 +164,8 @@ def eos(family: str) -> int:
         return PALIGEMMA_VOCAB["<|endoftext|>"]
     if family == "step3p7":
         return STEP3_VOCAB["<|endoftext|>"]
+    if family.startswith("qwen2_5_omni"):
+        return OMNI_VOCAB["<|endoftext|>"]
     if family.startswith("cohere_compass"):
         return COMPASS_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
@@ -241,6 +254,23 @@ def config(family: str):
                                deepstack_visual_indexes=[0], num_position_embeddings=64),
             tie_word_embeddings=True, **dict(zip(("image_token_id", "video_token_id", "vision_start_token_id",
                                                   "vision_end_token_id"), ids)))
+    if family.startswith("qwen2_5_omni"):
+        # the thinker (qwen2_5_omni_thinker), or the whole model without its talker (qwen2_5_omni: what vLLM 0.32
+        # implements); Qwen2.5-VL's vision tower, a Whisper-like audio tower
+        v = OMNI_VOCAB
+        thinker = tf.Qwen2_5OmniThinkerConfig(
+            text_config=dict(TEXT, rope_parameters=rope, eos_token_id=eos(family), bos_token_id=eos(family)),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=14, temporal_patch_size=2, window_size=56,
+                               fullatt_block_indexes=[0]),
+            audio_config=dict(num_mel_bins=OMNI_MEL, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                              d_model=32, output_dim=64, n_window=8, max_source_positions=64),
+            audio_token_index=v["<|AUDIO|>"], image_token_index=v["<|IMAGE|>"], video_token_index=v["<|VIDEO|>"],
+            audio_start_token_id=v["<|audio_bos|>"], audio_end_token_id=v["<|audio_eos|>"],
+            vision_start_token_id=v["<|vision_bos|>"], vision_end_token_id=v["<|vision_eos|>"])
+        if family == "qwen2_5_omni_thinker":
+            return thinker
+        return tf.Qwen2_5OmniConfig(thinker_config=thinker.to_dict(), enable_audio_output=False)
     if family == "qwen3_vl_moe":
         return tf.Qwen3VLMoeConfig(
             text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS,
@@ -511,6 +541,14 @@ def _processor(family: str):
     if family == "step3p7":  # a 112-pixel global view and tiles of 56 pixels (2 x 2 and 1 x 1 tokens)
         image = tf.Step3p7ImageProcessor(size={"height": 112, "width": 112}, patch_size=56, max_image_size=224)
         return tf.Step3p7Processor(image_processor=image, tokenizer=_tokenizer(STEP3_VOCAB, STEP3_SPECIAL))
+    if family.startswith("qwen2_5_omni"):  # Qwen2.5-VL's image and video processing, Whisper's features
+        size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
+        return tf.Qwen2_5OmniProcessor(
+            image_processor=tf.Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
+            video_processor=tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
+                                                     do_sample_frames=False),
+            feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL),
+            tokenizer=_tokenizer(OMNI_VOCAB, OMNI_SPECIAL, named=OMNI_NAMED))
     if family.startswith("cohere_compass"):  # the test serves images only (vLLM 0.32's Compass takes no video)
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.CohereCompassImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -654,7 +692,9 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                paligemma="PaliGemmaForConditionalGeneration", paligemma2="PaliGemmaForConditionalGeneration",
                step3p7="Step3p7ForConditionalGeneration",
                cohere_compass="CohereCompassForConditionalGeneration",
-               cohere_compass_nope="CohereCompassForConditionalGeneration")
+               cohere_compass_nope="CohereCompassForConditionalGeneration",
+               qwen2_5_omni_thinker="Qwen2_5OmniThinkerForConditionalGeneration",
+               qwen2_5_omni="Qwen2_5OmniForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by

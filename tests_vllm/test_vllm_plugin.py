@@ -325,35 +325,95 @@ def test_qwen3_vl_moe_experts_whose_layout_cannot_be_told_are_refused():
         list(_qwen3_vl_moe_experts(square, iter([(saved[0][0], torch.zeros(4, 64, 64))])))
 
 
-def test_the_omni_thinkers_are_refused_at_config_time_with_the_facts_their_reason_rests_on():
-    """A ropekit Omni thinker checkpoint is refused when vLLM reads its config (before vLLM builds the whole Omni
-    model's processor, which cannot read a thinker config). The reason's fact: vLLM 0.32 implements the whole Omni
-    models only and has no model of the thinker's architecture."""
+def test_the_qwen2_5_omni_thinker_config_becomes_the_whole_models_and_qwen3_omni_is_refused():
+    """vLLM 0.32 implements the Omni models under the whole model's architectures only (its thinker classes read the
+    whole model's config): a Qwen2.5-Omni thinker checkpoint's config (ropekit's name, and the family's own, under
+    which the stock-equivalent patch is saved) becomes the whole model's around the very same thinker config, the
+    record and the architecture kept, when vLLM reads it; a ropekit Qwen3-Omni thinker is refused then, naming why,
+    and a record-less one is left to vLLM."""
+    import transformers as T
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.model_executor.models.qwen2_5_omni_thinker import Qwen2_5OmniThinkerProcessingInfo
     from vllm.model_executor.models.registry import _VLLM_MODELS
+    from vllm.multimodal.processing.context import InputProcessingContext
     from vllm.plugins import load_general_plugins
 
+    import checkpoints as ck
     from ropekit.serve.vllm import models
 
     load_general_plugins()
     for arch in models.OMNI_THINKERS:
         assert arch not in _VLLM_MODELS  # vLLM implements the whole Omni models only
-        name = "Ropekit" + arch
+
+    def thinker_seen_by_vllms_processing(mc):  # vLLM's Qwen2.5-Omni processing reads the whole model's config, by type
+        ctx = SimpleNamespace(get_hf_config=lambda typ: InputProcessingContext.get_hf_config(
+            SimpleNamespace(model_config=mc), typ))
+        return Qwen2_5OmniThinkerProcessingInfo.get_hf_config(SimpleNamespace(ctx=ctx))
+
+    def model_config(name, hf):
+        mc = SimpleNamespace(architecture=name, hf_config=hf)
+        mc.get_model_arch_config = lambda: ("rebuilt from", mc.hf_config)
+        return mc
+
+    record = {"design": "circle"}
+    for name in ("RopekitQwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerForConditionalGeneration"):
         assert ModelRegistry.models[name].module_name == "ropekit.serve.vllm.models"
-        hook = MODELS_CONFIG_MAP[name]
+        for rec in (record, None):
+            thinker = ck.config("qwen2_5_omni_thinker")
+            thinker.architectures = [name]
+            if rec is not None:
+                thinker.ropekit = rec
+            mc = model_config(name, thinker)
+            with pytest.raises(TypeError, match="Invalid type of HuggingFace config"):
+                thinker_seen_by_vllms_processing(mc)
+            MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)
+            assert thinker_seen_by_vllms_processing(mc) is thinker
+            whole = mc.hf_config
+            assert isinstance(whole, T.Qwen2_5OmniConfig) and whole.thinker_config is thinker
+            assert whole.get_text_config() is thinker.text_config  # vLLM's hf_text_config, read before, unchanged
+            assert whole.architectures == [name] and getattr(whole, "ropekit", None) == rec
+            assert not whole.enable_audio_output
+            assert mc.model_arch_config == ("rebuilt from", whole)
+            MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)  # once only
+            assert mc.hf_config is whole
 
-        def model_config(record):
-            hf = SimpleNamespace(ropekit=record) if record else SimpleNamespace()
-            return SimpleNamespace(architecture=name, hf_config=hf)
+    name = "RopekitQwen3OmniMoeThinkerForConditionalGeneration"
+    hook = MODELS_CONFIG_MAP[name]
+    plain = SimpleNamespace()
+    mc = model_config(name, plain)
+    hook.verify_and_update_model_config(mc)  # no record: left to vLLM
+    assert mc.hf_config is plain
+    with pytest.raises(ValueError, match=r"Qwen3OmniMoeThinkerForConditionalGeneration patched by ropekit .*'circle'.* "
+                                         r"registers no model of this architecture\. It is not served because the "
+                                         r"plugin serves the Qwen2\.5-Omni thinker only"):
+        hook.verify_and_update_model_config(model_config(name, SimpleNamespace(ropekit=record)))
+    with pytest.raises(ValueError, match=r"Qwen3OmniMoeThinkerForConditionalGeneration patched by ropekit"):
+        getattr(models, name)(vllm_config=_config(record), prefix="")
+    for whole_arch in ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"):
+        with pytest.raises(ValueError, match=rf"{whole_arch} patched by ropekit .*whole model's architectures only"):
+            getattr(models, whole_arch)(vllm_config=_config(record), prefix="")
 
-        hook.verify_and_update_model_config(model_config(None))  # no record: left to vLLM
-        with pytest.raises(ValueError, match=rf"{arch} patched by ropekit .*'circle'.* registers no model of this "
-                                             rf"architecture\. It is not served because vLLM 0\.32 implements the "
-                                             rf"Omni models under the whole model's architectures only"):
-            hook.verify_and_update_model_config(model_config({"design": "circle"}))
-        with pytest.raises(ValueError, match=rf"{arch} patched by ropekit"):
-            getattr(models, name)(vllm_config=_config({"design": "circle"}), prefix="")
+
+def test_a_qwen2_5_omni_video_with_its_audio_interleaved_is_refused_at_request_time():
+    """use_audio_in_video interleaves a video's audio with its frames in one block, which the plugin does not place."""
+    import transformers as T
+
+    import checkpoints as ck
+    from ropekit.hf import patch_model
+    from ropekit.serve.vllm import models
+
+    with torch.device("meta"):
+        model = T.Qwen2_5OmniThinkerForConditionalGeneration(ck.config("qwen2_5_omni_thinker"))
+    patch_model(model, "circle")
+    placement = models._OmniPlacement("Qwen2_5OmniThinkerForConditionalGeneration",
+                                      SimpleNamespace(thinker_config=model.config))
+    field = lambda value: SimpleNamespace(data=torch.tensor(value))  # noqa: E731
+    video = SimpleNamespace(modality="video", mm_position=SimpleNamespace(offset=1),
+                            data={"video_grid_thw": field([2, 4, 4]), "second_per_grid_ts": field([1.0]),
+                                  "use_audio_in_video": field(True)})
+    with pytest.raises(ValueError, match=r"use_audio_in_video is not served"):
+        placement.place([1] * 12, [video])
 
 
 def _step3p7_config(**text):

@@ -134,7 +134,18 @@ MODELS = {
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
     # Qwen3.5-MoE: the same with experts, every token routed to all of them (checkpoints.MOE)
     "qwen3_5_moe-circle": ("qwen3_5_moe", "circle", {}, (64, 96), (4, 64, 64)),
+    # the Qwen2.5-Omni thinker, served by vLLM's thinker class with the whole model's config around its own: images,
+    # a video (its seconds per temporal grid in the positions) and audio (text to every design); Circle-RoPE under
+    # AGE, and tmrope, the family's stock positions
+    "qwen2_5_omni_thinker-circle-age": ("qwen2_5_omni_thinker", "circle", dict(age="alternate"), (56, 84),
+                                        (4, 56, 56)),
+    "qwen2_5_omni_thinker-tmrope": ("qwen2_5_omni_thinker", "tmrope", {}, (56, 84), (4, 56, 56)),
 }
+#: families whose prompts also take audio: a third prompt holds an image and then an audio (Whisper features of half a
+#: second)
+AUDIO = {"qwen2_5_omni_thinker": "<|audio_bos|><|AUDIO|><|audio_eos|>"}
+#: designs that place as the family's stock model does: vLLM's log-probabilities equal the stock model's
+STOCK_DESIGNS = ("vanilla", "tmrope")
 #: families served in bfloat16, the only dtype of vLLM 0.32's CPU kernel for Qwen3.5's gated-delta-net layers; the
 #: reference is the patched transformers model in bfloat16 too, and the tolerance is bfloat16's noise (TOL_BF16)
 BF16 = {"qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7"}
@@ -180,9 +191,11 @@ HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
 #: writes only when asked, and its processor the video metadata its video processor returns only when asked
 PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata=True)}
 IMAGE_PROMPT.update(minicpmv4_6="<|image_pad|>", minicpmv4_7="<|image_pad|>")
+IMAGE_PROMPT["qwen2_5_omni_thinker"] = "<|vision_bos|><|IMAGE|><|vision_eos|>"
 #: the placeholder of one video in a prompt, by family (where not "<video>")
 VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>",
-                "ernie4_5_vl_moe": "<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>"}
+                "ernie4_5_vl_moe": "<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>",
+                "qwen2_5_omni_thinker": "<|vision_bos|><|VIDEO|><|vision_eos|>"}
 #: families whose vLLM prompt writes a video's feature positions with another token than transformers' processor
 #: (vLLM's, the processor's); features replace the ids of those positions, so the prompts run the same model
 #: inputs, and their log-probabilities are compared on the tokens both prompts hold
@@ -217,10 +230,18 @@ def _requests(name):
     IMG, VID = MARKERS["glm" if family.startswith("glm") else "qwen"]
     if family in IMAGE_PROMPT:
         IMG, VID = IMAGE_PROMPT[family], VIDEO_PROMPT.get(family, "<video>")
-    return [
+    reqs = [
         (f"w1 w2 {IMG} {TEXT} {IMG} w5 w6", {"image": [_image(1, h, w), _image(2, w, h)]}),
         (f"w7 {VID} {TEXT} w8", {"video": [_video(3, t, vh, vw)]}),
     ]
+    if family in AUDIO:  # audio after an image: its tokens (text to every design) continue where the image leaves off
+        reqs.append((f"w3 {IMG} {AUDIO[family]} {TEXT} w9", {"image": [_image(4, w, h)], "audio": [_audio(5)]}))
+    return reqs
+
+
+def _audio(seed, seconds=0.5, rate=16000):
+    """Half a second of noise, as vLLM takes an audio item: (samples, sampling rate)."""
+    return (np.random.RandomState(seed).randn(int(seconds * rate)) * 0.1).astype(np.float32), rate
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -233,6 +254,8 @@ def served(request, tmp_path_factory):
     path = ck.build(family, tmp_path_factory.mktemp(name), design, **patch)
     limits = ({"video": 1} if MODELS[name][3] is None else {"image": 1} if family in IMAGE_AHEAD
               else {"image": 2, "video": 1 if MODELS[name][4] else 0})
+    if family in AUDIO:
+        limits["audio"] = 1
     llm = LLM(model=str(path), dtype=_dtype(family), max_model_len=512, max_num_batched_tokens=CHUNK, max_num_seqs=4,
               enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, enforce_eager=True,
               limit_mm_per_prompt=limits, seed=0, **ENGINE.get(family, {}))
@@ -286,6 +309,8 @@ def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False):
         keep = ("fps", "duration", "total_num_frames", "frames_indices")
         extra_kw = dict(video_metadata=[{k: m[k] for k in keep} for _, m in videos], do_sample_frames=False)
         videos = [v for v, _ in videos]
+    if mm.get("audio"):
+        extra_kw["audio"] = [samples for samples, _ in mm["audio"]]
     inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw,
                        **PROCESSOR.get(model.config.model_type, {}))
     inputs.pop("video_metadata", None)  # asked for by the processor's own prompt (Cosmos3-Edge), not a model input
@@ -377,7 +402,7 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
         # vanilla design of a 1-D family places as the stock model does: equal)
         _, stock_lp, _ = _hf_logprobs(stock, processor, prompt, mm)
         stock_lp = stock_lp[shared]
-        if MODELS[name][1] == "vanilla":
+        if MODELS[name][1] in STOCK_DESIGNS:
             assert (got - stock_lp).abs().max().item() <= TOL
         elif family in BF16:  # bfloat16 noise is larger: 3 tolerances
             assert (got - stock_lp).abs().max().item() > 3 * TOL_BF16[family]

@@ -8,23 +8,40 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+import pytest
 import torch
 
 import checkpoints as ck
 from test_vllm_serving import TOL, _hf_logprobs, _requests, _vllm_prompt_logprobs
 
+#: family -> (vLLM's own model class that serves its stock checkpoint, a request of the serving tests, engine limits)
+STOCK = {
+    "qwen2_vl": ("vllm.model_executor.models.qwen2_vl.Qwen2VLForConditionalGeneration",
+                 ("qwen2_vl-circle-age", 0), {"image": 2, "video": 1}),
+    # transformers' thinker saved alone, which vLLM 0.32 has no model of: the plugin hands vLLM's thinker class the
+    # whole model's config around it and the weights under the whole model's names (an image, then an audio)
+    "qwen2_5_omni_thinker": ("vllm.model_executor.models.qwen2_5_omni_thinker."
+                             "Qwen2_5OmniThinkerForConditionalGeneration",
+                             ("qwen2_5_omni_thinker-circle-age", 2), {"image": 1, "video": 0, "audio": 1}),
+}
 
-def test_a_stock_checkpoint_is_served_by_vllms_own_model(tmp_path):
+
+@pytest.mark.parametrize("family", list(STOCK))
+def test_a_stock_checkpoint_is_served_by_vllms_own_model(tmp_path, family):
     import transformers as tf
     from vllm import LLM, SamplingParams
 
-    path = ck.build("qwen2_vl", tmp_path, design=None)
+    own, (name, index), limits = STOCK[family]
+    path = ck.build(family, tmp_path, design=None)
     llm = LLM(model=str(path), dtype="float32", max_model_len=512, max_num_batched_tokens=32, max_num_seqs=4,
-              block_size=32, enforce_eager=True, limit_mm_per_prompt={"image": 2, "video": 1}, seed=0)
+              block_size=32, enforce_eager=True, limit_mm_per_prompt=limits, seed=0)
     try:
-        served = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")
-        assert served == ["vllm.model_executor.models.qwen2_vl.Qwen2VLForConditionalGeneration"]
-        prompt, mm = _requests("qwen2_vl-circle-age")[0]
+        # vLLM's own class (for a thinker: the nearest class of vLLM's in the served class's bases), without the patch
+        served = llm.apply_model(lambda model: [f"{c.__module__}.{c.__name__}" for c in type(model).__mro__
+                                                if c.__module__.startswith("vllm.")][0])
+        assert served == [own]
+        assert llm.apply_model(lambda model: hasattr(model, "_ropekit")) == [False]
+        prompt, mm = _requests(name)[index]
         out = llm.generate([{"prompt": prompt, "multi_modal_data": mm}],
                            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))[0]
     finally:
@@ -33,7 +50,7 @@ def test_a_stock_checkpoint_is_served_by_vllms_own_model(tmp_path):
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         cleanup_dist_env_and_memory()
-    model = tf.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = getattr(tf, ck.CLASSES[family]).from_pretrained(path, dtype=torch.float32).eval()
     ids, want, _ = _hf_logprobs(model, tf.AutoProcessor.from_pretrained(path), prompt, mm)
     assert out.prompt_token_ids == ids
     assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL

@@ -7,7 +7,8 @@ and puts ropekit's classes in vLLM's model registry under the architecture names
 - Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL,
   Cosmos3-Edge, ERNIE-4.5-VL and Command A Compass checkpoints are served with their patch (:mod:`.models`; Compass
   with a rotary table per layer type, its NoPE layers unrotated; Cosmos3-Edge's config translated into what vLLM's
-  model reads; ERNIE-4.5-VL's config, processing and routing: :mod:`.ernie`), and the
+  model reads; ERNIE-4.5-VL's config, processing and routing: :mod:`.ernie`), the Qwen2.5-Omni thinker (vLLM's
+  thinker class, its config wrapped in the whole model's: :class:`.models.TranslateOmniConfig`), and the
   1-D families in :data:`ONE_D` (:mod:`.one_d`), MiniCPM-V 4.6 and 4.7 among them (:data:`MROPE_IN_VLLM`: vLLM's
   models of these carry M-RoPE positions already);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
@@ -90,8 +91,10 @@ def guarded_architectures() -> list[str]:
     # the omni thinkers: saved under their own class names, which transformers' Auto tables do not list
     names |= {"Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel",
               "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
+    from .models import OMNI_SERVED  # served as well (registered by register(), under both names)
+
     supported = set(ModelRegistry.get_supported_archs())
-    return sorted((names & supported) - set(SERVED))
+    return sorted((names & supported) - set(SERVED) - set(OMNI_SERVED))
 
 
 def register() -> None:
@@ -112,7 +115,7 @@ def register() -> None:
     register_config_hooks([name for arch in ONE_D if arch not in MROPE_IN_VLLM for name in (arch, ARCH_PREFIX + arch)])
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from .models import _CONFIGS, OMNI_THINKERS, RefuseAtConfig, TranslateConfig
+    from .models import _CONFIGS, OMNI_SERVED, OMNI_THINKERS, TranslateConfig, TranslateOmniConfig
     from .one_d import untested_hook
 
     for arch in _CONFIGS:  # served families whose vLLM model reads another config than transformers' (ropekit's)
@@ -125,8 +128,12 @@ def register() -> None:
             else:
                 MODELS_CONFIG_MAP[name] = TranslateConfig.after(own)
 
-    # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone:
-    # refused when vLLM reads the checkpoint's config, before it builds the whole Omni model's processor
+    # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone: when
+    # vLLM reads the checkpoint's config, a served thinker's becomes the whole Omni model's config vLLM's thinker
+    # class and processor read, and another thinker is refused, before vLLM builds the processor
+    # (a served thinker under both names: the stock-equivalent patch, tmrope, is saved under the family's own name,
+    # which vLLM 0.32 has no model of either)
     for arch in OMNI_THINKERS:
-        ModelRegistry.register_model(ARCH_PREFIX + arch, f"ropekit.serve.vllm.models:{ARCH_PREFIX + arch}")
-        MODELS_CONFIG_MAP[ARCH_PREFIX + arch] = RefuseAtConfig
+        for name in (ARCH_PREFIX + arch, *([arch] if arch in OMNI_SERVED else [])):
+            ModelRegistry.register_model(name, f"ropekit.serve.vllm.models:{name}")
+            MODELS_CONFIG_MAP[name] = TranslateOmniConfig

