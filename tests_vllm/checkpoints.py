@@ -107,6 +107,14 @@ OMNI_NAMED = dict(image_token="<|IMAGE|>", video_token="<|VIDEO|>", audio_token=
                   vision_bos_token="<|vision_bos|>", vision_eos_token="<|vision_eos|>",
                   audio_bos_token="<|audio_bos|>", audio_eos_token="<|audio_eos|>")
 OMNI_MEL = 8  # mel bins of an audio frame
+# Qwen3-Omni: Qwen3-VL's markers (<|vision_start|>, <|image_pad|> / <|video_pad|>, <|vision_end|>); an audio is
+# <|audio_start|>, its <|audio_pad|> tokens, <|audio_end|>
+OMNI3_SPECIAL = ["<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+                 "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>", "<unk>"]
+OMNI3_VOCAB = {w: i for i, w in enumerate(WORDS + OMNI3_SPECIAL)}
+OMNI3_NAMED = dict(image_token="<|image_pad|>", video_token="<|video_pad|>", audio_token="<|audio_pad|>",
+                   vision_bos_token="<|vision_start|>", vision_eos_token="<|vision_end|>",
+                   audio_bos_token="<|audio_start|>", audio_eos_token="<|audio_end|>")
 
 
 def _tokenizer(vocab=VOCAB, special=SPECIAL, named=None):
@@ -166,6 +174,8 @@ def eos(family: str) -> int:
         return STEP3_VOCAB["<|endoftext|>"]
     if family.startswith("qwen2_5_omni"):
         return OMNI_VOCAB["<|endoftext|>"]
+    if family.startswith("qwen3_omni"):
+        return OMNI3_VOCAB["<|endoftext|>"]
     if family.startswith("cohere_compass"):
         return COMPASS_VOCAB["<|endoftext|>"]
     return GLM_VOCAB["<|endoftext|>"] if family.startswith("glm") else EOS
@@ -271,6 +281,25 @@ def config(family: str):
         if family == "qwen2_5_omni_thinker":
             return thinker
         return tf.Qwen2_5OmniConfig(thinker_config=thinker.to_dict(), enable_audio_output=False)
+    if family.startswith("qwen3_omni"):
+        # the Qwen3-Omni thinker (qwen3_omni_moe_thinker) or the whole model without its talker (qwen3_omni_moe):
+        # Qwen3-VL's vision tower (DeepStack), its own audio tower, a text model with experts (interleaved sections)
+        v = OMNI3_VOCAB
+        thinker = tf.Qwen3OmniMoeThinkerConfig(
+            text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=eos(family),
+                             bos_token_id=eos(family), **MOE["qwen3_vl_moe"]),
+            vision_config=dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=32, num_heads=2,
+                               spatial_merge_size=2, patch_size=16, temporal_patch_size=2,
+                               deepstack_visual_indexes=[0], num_position_embeddings=64),
+            audio_config=dict(num_mel_bins=OMNI_MEL, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                              d_model=32, output_dim=64, n_window=50, n_window_infer=100, downsample_hidden_size=8,
+                              max_source_positions=200),
+            audio_token_id=v["<|audio_pad|>"], image_token_id=v["<|image_pad|>"], video_token_id=v["<|video_pad|>"],
+            audio_start_token_id=v["<|audio_start|>"], audio_end_token_id=v["<|audio_end|>"],
+            vision_start_token_id=v["<|vision_start|>"], vision_end_token_id=v["<|vision_end|>"])
+        if family == "qwen3_omni_moe_thinker":
+            return thinker
+        return tf.Qwen3OmniMoeConfig(thinker_config=thinker.to_dict(), enable_audio_output=False)
     if family == "qwen3_vl_moe":
         return tf.Qwen3VLMoeConfig(
             text_config=dict(TEXT, rope_parameters=dict(rope, mrope_interleaved=True), eos_token_id=EOS,
@@ -549,6 +578,14 @@ def _processor(family: str):
                                                      do_sample_frames=False),
             feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL),
             tokenizer=_tokenizer(OMNI_VOCAB, OMNI_SPECIAL, named=OMNI_NAMED))
+    if family.startswith("qwen3_omni"):  # Qwen3-VL's image and video processing, Whisper's features
+        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
+        return tf.Qwen3OmniMoeProcessor(
+            image_processor=tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size),
+            video_processor=tf.Qwen2VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size,
+                                                     do_sample_frames=False),
+            feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL),
+            tokenizer=_tokenizer(OMNI3_VOCAB, OMNI3_SPECIAL, named=OMNI3_NAMED))
     if family.startswith("cohere_compass"):  # the test serves images only (vLLM 0.32's Compass takes no video)
         size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
         image = tf.CohereCompassImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
@@ -694,7 +731,9 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
                cohere_compass="CohereCompassForConditionalGeneration",
                cohere_compass_nope="CohereCompassForConditionalGeneration",
                qwen2_5_omni_thinker="Qwen2_5OmniThinkerForConditionalGeneration",
-               qwen2_5_omni="Qwen2_5OmniForConditionalGeneration")
+               qwen2_5_omni="Qwen2_5OmniForConditionalGeneration",
+               qwen3_omni_moe_thinker="Qwen3OmniMoeThinkerForConditionalGeneration",
+               qwen3_omni_moe="Qwen3OmniMoeForConditionalGeneration")
 
 
 #: weights of a family's test checkpoint set to a value, by module name: MiniCPM-V's q/k norms (Qwen3.5's scale by

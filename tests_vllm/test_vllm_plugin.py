@@ -325,16 +325,19 @@ def test_qwen3_vl_moe_experts_whose_layout_cannot_be_told_are_refused():
         list(_qwen3_vl_moe_experts(square, iter([(saved[0][0], torch.zeros(4, 64, 64))])))
 
 
-def test_the_qwen2_5_omni_thinker_config_becomes_the_whole_models_and_qwen3_omni_is_refused():
-    """vLLM 0.32 implements the Omni models under the whole model's architectures only (its thinker classes read the
-    whole model's config): a Qwen2.5-Omni thinker checkpoint's config (ropekit's name, and the family's own, under
-    which the stock-equivalent patch is saved) becomes the whole model's around the very same thinker config, the
-    record and the architecture kept, when vLLM reads it; a ropekit Qwen3-Omni thinker is refused then, naming why,
-    and a record-less one is left to vLLM."""
+@pytest.mark.parametrize("family, whole", [("qwen2_5_omni_thinker", "Qwen2_5OmniConfig"),
+                                           ("qwen3_omni_moe_thinker", "Qwen3OmniMoeConfig")])
+def test_an_omni_thinker_config_becomes_the_whole_models_that_vllms_thinker_class_reads(family, whole):
+    """vLLM 0.32 implements the Omni models under the whole model's architectures only (its thinker classes and their
+    processing read the whole model's config): a thinker checkpoint's config (ropekit's name, and the family's own,
+    under which the stock-equivalent patch is saved) becomes the whole model's around the very same thinker config,
+    the record and the architecture kept, when vLLM reads it. A ropekit whole-model checkpoint, which ropekit never
+    writes, is refused."""
+    import importlib
+
     import transformers as T
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
-    from vllm.model_executor.models.qwen2_5_omni_thinker import Qwen2_5OmniThinkerProcessingInfo
     from vllm.model_executor.models.registry import _VLLM_MODELS
     from vllm.multimodal.processing.context import InputProcessingContext
     from vllm.plugins import load_general_plugins
@@ -343,56 +346,56 @@ def test_the_qwen2_5_omni_thinker_config_becomes_the_whole_models_and_qwen3_omni
     from ropekit.serve.vllm import models
 
     load_general_plugins()
-    for arch in models.OMNI_THINKERS:
-        assert arch not in _VLLM_MODELS  # vLLM implements the whole Omni models only
+    arch = ck.CLASSES[family]
+    assert arch not in _VLLM_MODELS  # vLLM implements the whole Omni models only
+    module, cls = models.OMNI_THINKERS[arch]
+    info = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"),
+                   cls.replace("ForConditionalGeneration", "ProcessingInfo"))
 
-    def thinker_seen_by_vllms_processing(mc):  # vLLM's Qwen2.5-Omni processing reads the whole model's config, by type
+    def seen_by_vllms_processing(mc):  # vLLM's processing reads the whole model's config, by type
         ctx = SimpleNamespace(get_hf_config=lambda typ: InputProcessingContext.get_hf_config(
             SimpleNamespace(model_config=mc), typ))
-        return Qwen2_5OmniThinkerProcessingInfo.get_hf_config(SimpleNamespace(ctx=ctx))
+        return info.get_hf_config(SimpleNamespace(ctx=ctx))
 
-    def model_config(name, hf):
-        mc = SimpleNamespace(architecture=name, hf_config=hf)
-        mc.get_model_arch_config = lambda: ("rebuilt from", mc.hf_config)
-        return mc
-
-    record = {"design": "circle"}
-    for name in ("RopekitQwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerForConditionalGeneration"):
+    for name in ("Ropekit" + arch, arch):
         assert ModelRegistry.models[name].module_name == "ropekit.serve.vllm.models"
-        for rec in (record, None):
-            thinker = ck.config("qwen2_5_omni_thinker")
+        for rec in ({"design": "circle"}, None):
+            thinker = ck.config(family)
             thinker.architectures = [name]
             if rec is not None:
                 thinker.ropekit = rec
-            mc = model_config(name, thinker)
+            mc = SimpleNamespace(architecture=name, hf_config=thinker)
+            mc.get_model_arch_config = lambda: ("rebuilt from", mc.hf_config)
             with pytest.raises(TypeError, match="Invalid type of HuggingFace config"):
-                thinker_seen_by_vllms_processing(mc)
+                seen_by_vllms_processing(mc)
             MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)
-            assert thinker_seen_by_vllms_processing(mc) is thinker
-            whole = mc.hf_config
-            assert isinstance(whole, T.Qwen2_5OmniConfig) and whole.thinker_config is thinker
-            assert whole.get_text_config() is thinker.text_config  # vLLM's hf_text_config, read before, unchanged
-            assert whole.architectures == [name] and getattr(whole, "ropekit", None) == rec
-            assert not whole.enable_audio_output
-            assert mc.model_arch_config == ("rebuilt from", whole)
+            translated = mc.hf_config
+            assert isinstance(translated, getattr(T, whole)) and translated.thinker_config is thinker
+            assert seen_by_vllms_processing(mc) is thinker
+            assert translated.get_text_config() is thinker.text_config  # vLLM's hf_text_config, read before
+            assert translated.architectures == [name] and getattr(translated, "ropekit", None) == rec
+            assert not translated.enable_audio_output
+            assert mc.model_arch_config == ("rebuilt from", translated)
             MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)  # once only
-            assert mc.hf_config is whole
-
-    name = "RopekitQwen3OmniMoeThinkerForConditionalGeneration"
-    hook = MODELS_CONFIG_MAP[name]
-    plain = SimpleNamespace()
-    mc = model_config(name, plain)
-    hook.verify_and_update_model_config(mc)  # no record: left to vLLM
-    assert mc.hf_config is plain
-    with pytest.raises(ValueError, match=r"Qwen3OmniMoeThinkerForConditionalGeneration patched by ropekit .*'circle'.* "
-                                         r"registers no model of this architecture\. It is not served because the "
-                                         r"plugin serves the Qwen2\.5-Omni thinker only"):
-        hook.verify_and_update_model_config(model_config(name, SimpleNamespace(ropekit=record)))
-    with pytest.raises(ValueError, match=r"Qwen3OmniMoeThinkerForConditionalGeneration patched by ropekit"):
-        getattr(models, name)(vllm_config=_config(record), prefix="")
+            assert mc.hf_config is translated
+            if family == "qwen3_omni_moe_thinker":  # the release's fields vLLM's tower reads: 8 x 8 patches of 16
+                assert (thinker.vision_config.image_size, thinker.vision_config.apply_vit_abs_pos_embed) == (128, True)
     for whole_arch in ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"):
         with pytest.raises(ValueError, match=rf"{whole_arch} patched by ropekit .*whole model's architectures only"):
-            getattr(models, whole_arch)(vllm_config=_config(record), prefix="")
+            getattr(models, whole_arch)(vllm_config=_config({"design": "circle"}), prefix="")
+
+
+def test_qwen3_omni_vision_configs_vllms_tower_cannot_read_as_transformers_does_are_refused():
+    import checkpoints as ck
+    from ropekit.serve.vllm import models
+
+    vision = ck.config("qwen3_omni_moe_thinker").vision_config
+    vision.num_position_embeddings = 48
+    with pytest.raises(ValueError, match="num_position_embeddings 48 is not a square grid"):
+        models._qwen3_omni_vision_config(vision)
+    vision.num_position_embeddings, vision.apply_vit_abs_pos_embed = 64, False
+    with pytest.raises(ValueError, match="turns apply_vit_abs_pos_embed off"):
+        models._qwen3_omni_vision_config(vision)
 
 
 def test_a_qwen2_5_omni_video_with_its_audio_interleaved_is_refused_at_request_time():

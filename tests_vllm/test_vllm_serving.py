@@ -140,10 +140,15 @@ MODELS = {
     "qwen2_5_omni_thinker-circle-age": ("qwen2_5_omni_thinker", "circle", dict(age="alternate"), (56, 84),
                                         (4, 56, 56)),
     "qwen2_5_omni_thinker-tmrope": ("qwen2_5_omni_thinker", "tmrope", {}, (56, 84), (4, 56, 56)),
+    # the Qwen3-Omni thinker: experts, interleaved sections, Qwen3-VL's tower with DeepStack, its own audio tower;
+    # Circle-RoPE under AGE (its thinker's placement is the Qwen2.5-Omni one's, checked with tmrope above)
+    "qwen3_omni_moe_thinker-circle-age": ("qwen3_omni_moe_thinker", "circle", dict(age="alternate"), (64, 96),
+                                          (4, 64, 64)),
 }
 #: families whose prompts also take audio: a third prompt holds an image and then an audio (Whisper features of half a
 #: second)
-AUDIO = {"qwen2_5_omni_thinker": "<|audio_bos|><|AUDIO|><|audio_eos|>"}
+AUDIO = {"qwen2_5_omni_thinker": "<|audio_bos|><|AUDIO|><|audio_eos|>",
+         "qwen3_omni_moe_thinker": "<|audio_start|><|audio_pad|><|audio_end|>"}
 #: designs that place as the family's stock model does: vLLM's log-probabilities equal the stock model's
 STOCK_DESIGNS = ("vanilla", "tmrope")
 #: families served in bfloat16, the only dtype of vLLM 0.32's CPU kernel for Qwen3.5's gated-delta-net layers; the
@@ -192,10 +197,12 @@ HF_PROCESSOR = {"qianfan_ocr": dict(backend="pil")}
 PROCESSOR = {"cosmos3_edge": dict(return_mm_token_type_ids=True, return_metadata=True)}
 IMAGE_PROMPT.update(minicpmv4_6="<|image_pad|>", minicpmv4_7="<|image_pad|>")
 IMAGE_PROMPT["qwen2_5_omni_thinker"] = "<|vision_bos|><|IMAGE|><|vision_eos|>"
+IMAGE_PROMPT["qwen3_omni_moe_thinker"] = MARKERS["qwen"][0]
 #: the placeholder of one video in a prompt, by family (where not "<video>")
 VIDEO_PROMPT = {"minicpmv4_6": "<|video_pad|>", "minicpmv4_7": "<|video_pad|>",
                 "ernie4_5_vl_moe": "<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>",
-                "qwen2_5_omni_thinker": "<|vision_bos|><|VIDEO|><|vision_eos|>"}
+                "qwen2_5_omni_thinker": "<|vision_bos|><|VIDEO|><|vision_eos|>",
+                "qwen3_omni_moe_thinker": MARKERS["qwen"][1]}
 #: families whose vLLM prompt writes a video's feature positions with another token than transformers' processor
 #: (vLLM's, the processor's); features replace the ids of those positions, so the prompts run the same model
 #: inputs, and their log-probabilities are compared on the tokens both prompts hold

