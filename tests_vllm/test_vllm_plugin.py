@@ -398,8 +398,13 @@ def test_qwen3_omni_vision_configs_vllms_tower_cannot_read_as_transformers_does_
         models._qwen3_omni_vision_config(vision)
 
 
-def test_a_qwen2_5_omni_video_with_its_audio_interleaved_is_refused_at_request_time():
-    """use_audio_in_video interleaves a video's audio with its frames in one block, which the plugin does not place."""
+@pytest.mark.parametrize("family, design, match", [
+    # the patch places such a block with tmrope only (served: test_vllm_serving), and refuses it under another design
+    ("qwen2_5_omni_thinker", "circle", r"design 'circle'.* defines no place for a video with its audio track"),
+    ("qwen3_omni_moe_thinker", "tmrope", r"use_audio_in_video is not served: vLLM 0\.32's Qwen3-Omni thinker embeds"),
+])
+def test_an_omni_video_with_its_audio_interleaved_is_refused_where_it_cannot_be_served(family, design, match):
+    """use_audio_in_video interleaves a video's audio with its frames in one block."""
     import transformers as T
 
     import checkpoints as ck
@@ -407,16 +412,23 @@ def test_a_qwen2_5_omni_video_with_its_audio_interleaved_is_refused_at_request_t
     from ropekit.serve.vllm import models
 
     with torch.device("meta"):
-        model = T.Qwen2_5OmniThinkerForConditionalGeneration(ck.config("qwen2_5_omni_thinker"))
-    patch_model(model, "circle")
-    placement = models._OmniPlacement("Qwen2_5OmniThinkerForConditionalGeneration",
-                                      SimpleNamespace(thinker_config=model.config))
+        model = getattr(T, ck.CLASSES[family])(ck.config(family))
+    patch_model(model, design)
+    placement = models._OmniPlacement(ck.CLASSES[family], SimpleNamespace(thinker_config=model.config))
     field = lambda value: SimpleNamespace(data=torch.tensor(value))  # noqa: E731
-    video = SimpleNamespace(modality="video", mm_position=SimpleNamespace(offset=1),
+    video = SimpleNamespace(modality="video", mm_position=SimpleNamespace(offset=2),
                             data={"video_grid_thw": field([2, 4, 4]), "second_per_grid_ts": field([1.0]),
                                   "use_audio_in_video": field(True)})
-    with pytest.raises(ValueError, match=r"use_audio_in_video is not served"):
-        placement.place([1] * 12, [video])
+    audio = SimpleNamespace(modality="audio", mm_position=SimpleNamespace(offset=3), data={})
+    start, end, a_start, a_end = (model.config.vision_start_token_id, model.config.vision_end_token_id,
+                                  model.config.audio_start_token_id, model.config.audio_end_token_id)
+    video_id = getattr(model.config, "video_token_index", None) or model.config.video_token_id
+    audio_id = getattr(model.config, "audio_token_index", None) or model.config.audio_token_id
+    # Qwen2.5-Omni's processor's block of two frames of 2 x 2 tokens, a second apart, and 3 audio tokens (all in the
+    # first 2-second chunk): vision start, audio start, the frames, the audio, audio end, vision end
+    ids = [1, start, a_start] + [video_id] * 8 + [audio_id] * 3 + [a_end, end, 2]
+    with pytest.raises(ValueError, match=match):
+        placement.place(ids, [video, audio])
 
 
 def _step3p7_config(**text):

@@ -307,9 +307,10 @@ def _hf(path, stock=False):
     return model.eval(), tf.AutoProcessor.from_pretrained(path, **HF_PROCESSOR.get(family, {}))
 
 
-def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False):
+def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False, processor_kw=None):
     """log p(token i | tokens < i) for i >= 1 of the processed prompt followed by ``extra`` token ids (and the
-    processor's outputs); a PREFIX_LM family's prefix attends causally unless ``prefix_lm``."""
+    processor's outputs); a PREFIX_LM family's prefix attends causally unless ``prefix_lm``; ``processor_kw``: the
+    request's processor arguments (an Omni video's ``use_audio_in_video``, also handed to the model)."""
     videos = mm.get("video")
     extra_kw = {}
     if videos:
@@ -318,9 +319,12 @@ def _hf_logprobs(model, processor, prompt, mm, extra=(), prefix_lm=False):
         videos = [v for v, _ in videos]
     if mm.get("audio"):
         extra_kw["audio"] = [samples for samples, _ in mm["audio"]]
+    extra_kw.update(processor_kw or {})
     inputs = processor(text=[prompt], images=mm.get("image"), videos=videos, return_tensors="pt", **extra_kw,
                        **PROCESSOR.get(model.config.model_type, {}))
     inputs.pop("video_metadata", None)  # asked for by the processor's own prompt (Cosmos3-Edge), not a model input
+    if (processor_kw or {}).get("use_audio_in_video"):
+        inputs["use_audio_in_video"] = True
     if model.config.model_type in CAUSAL_ON_CPU:
         inputs.pop("token_type_ids")
     inputs.pop("labels", None)  # PaliGemma's processor writes training labels
@@ -530,3 +534,31 @@ def test_chat_prompts_are_transformers_processors_and_their_logprobs_the_patched
             ids, want, _ = _hf_logprobs(model, processor, prompt, {modality: [item]})
             assert out.prompt_token_ids == ids
             assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("served", ["qwen2_5_omni_thinker-tmrope"], indirect=True)
+def test_an_omni_video_with_its_audio_interleaved_is_placed_as_the_patched_model_places_it(served):
+    """use_audio_in_video (a request's mm_processor_kwargs): the processor puts a video and its audio inside one block
+    (in two-second chunks, each chunk's frames then its audio), which the patch places with tmrope (other designs
+    refuse it: test_vllm_plugin); the prompt, its positions and log-probabilities are the patched transformers
+    model's. The video's two temporal grids, a second apart, fall in the first chunk with the audio's two seconds
+    (where vLLM 0.32 writes another order than the processor, the patch refuses the request: docs/serving.md)."""
+    from ropekit.hf import position_ids
+    from vllm import SamplingParams
+
+    name, path, llm = served
+    family = MODELS[name][0]
+    prompt = f"w7 {VIDEO_PROMPT[family]} {TEXT} w8"
+    mm = {"video": [_video(3, *MODELS[name][4])], "audio": [_audio(5, seconds=2.0)]}
+    kw = {"use_audio_in_video": True}
+    out = llm.generate([{"prompt": prompt, "multi_modal_data": mm, "mm_processor_kwargs": kw}],
+                       SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))[0]
+    held = _placed(llm)
+    model, processor = _hf(path)
+    ids, want, inputs = _hf_logprobs(model, processor, prompt, mm, processor_kw=kw)
+    assert out.prompt_token_ids == ids
+    config = model.config
+    block = ids.index(config.vision_start_token_id)
+    assert ids[block + 1] == config.audio_start_token_id and config.audio_token_index in ids  # the video's audio inside
+    assert torch.equal(held[len(ids)], position_ids(model, **inputs)[1:, 0])
+    assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL

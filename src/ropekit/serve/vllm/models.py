@@ -802,8 +802,10 @@ def __getattr__(name: str) -> type:
 
 class _OmniPlacement(_Placement):
     """A Qwen-Omni thinker: vLLM's config is the whole model's (:class:`TranslateOmniConfig`), the patch the
-    thinker's. Audio tokens are text to every design (the patch reads them off the ids); a video's audio interleaved
-    with its frames (``use_audio_in_video``) is refused."""
+    thinker's. Audio tokens are text to every design (the patch reads them off the ids). A video whose audio is
+    interleaved with its frames (``use_audio_in_video``) is placed by the patch, which places such a block with
+    ``tmrope`` and refuses it under any other design, naming the design; Qwen3-Omni's is refused (:data:`_OMNI3_AV`).
+    """
 
     def __init__(self, arch: str, hf_config: Any):
         super().__init__(arch, getattr(hf_config, "thinker_config", hf_config))
@@ -812,7 +814,7 @@ class _OmniPlacement(_Placement):
     def place(self, input_tokens: list[int], mm_features: list) -> tuple[np.ndarray, np.ndarray]:
         from ...hf import hooks
 
-        images, videos, seconds = [], [], []
+        images, videos, seconds, audio_in_video = [], [], [], False
         for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
             data = f.data
             if f.modality == "image":
@@ -820,12 +822,7 @@ class _OmniPlacement(_Placement):
             elif f.modality == "video":
                 mixed = data.get("use_audio_in_video")
                 if mixed is not None and bool(torch.as_tensor(mixed.data).reshape(-1).any()):
-                    raise ValueError(
-                        f"ropekit vLLM plugin ({self.arch}): use_audio_in_video is not served: it interleaves a "
-                        f"video's audio with its frames inside one block, which the plugin does not place (the "
-                        f"patched transformers model places it with tmrope only); send the audio as an audio item of "
-                        f"its own, or serve the checkpoint with transformers (ropekit.hf.from_pretrained)"
-                    )
+                    audio_in_video = True
                 videos.append(torch.as_tensor(data["video_grid_thw"].data).reshape(3))
                 sec = data.get("second_per_grid_ts")
                 if sec is None:
@@ -840,8 +837,22 @@ class _OmniPlacement(_Placement):
         if videos:
             given["video_grid_thw"] = torch.stack(videos).long()
             given["video_second_per_grid"] = torch.stack(seconds)
+        if audio_in_video:
+            if self.arch in _OMNI3_AV:
+                raise ValueError(f"ropekit vLLM plugin ({self.arch}): use_audio_in_video is not served: "
+                                 f"{_OMNI3_AV[self.arch]}")
+            given["use_audio_in_video"] = True
         pos, cont = hooks.placement(self.inner, self.state, given)
         return pos[1:, 0].float().cpu().numpy(), cont.start[:, 0].float().cpu().numpy()
+
+
+#: thinkers whose video with its audio interleaved (use_audio_in_video) is refused at request time -> why
+_OMNI3_AV = {"Qwen3OmniMoeThinkerForConditionalGeneration": (
+    "vLLM 0.32's Qwen3-Omni thinker embeds a video with its audio interleaved otherwise than transformers' model: on a "
+    "tiny checkpoint, with the positions the plugin places equal to transformers' stock positions exactly (tmrope), "
+    "its log-probabilities differ from transformers' by 0.67 (a video's frames alone, or an audio alone, agree within "
+    "3e-6); send the audio as an audio item of its own, or serve the checkpoint with transformers "
+    "(ropekit.hf.from_pretrained)")}
 
 
 def _omni_thinker_weights(hf_config: Any, weights: Any) -> Any:
