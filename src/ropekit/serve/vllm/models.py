@@ -697,7 +697,8 @@ _OMNI = (
     "ropekit's thinker checkpoints with vLLM's thinker classes, and a whole-model checkpoint is never ropekit's"
 )
 #: the Omni thinkers, the class ropekit patches and saves: vLLM 0.32 registers no architecture of that name, so the
-#: plugin registers the saved (prefixed) name with vLLM's thinker class (module, class) as the base
+#: plugin registers it (ropekit's prefixed name, and for a served thinker the family's own) with vLLM's thinker class
+#: (module, class) as the base
 OMNI_THINKERS = {
     "Qwen2_5OmniThinkerForConditionalGeneration": ("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerForConditionalGeneration"),
     "Qwen3OmniMoeThinkerForConditionalGeneration": ("qwen3_omni_moe_thinker",
