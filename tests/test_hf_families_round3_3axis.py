@@ -22,7 +22,7 @@ from test_hf_families_3axis import (  # noqa: F401  (the shared matrix, run here
     test_stock_equivalent_forward_matches_stock, test_stock_equivalent_generate_matches_stock)
 from test_hf_families_3axis import _batches, _encoded, assert_every_design_places_its_positions
 import ropekit
-from ropekit.hf import boundary, is_patched, last_positions, patch_model, supported_models
+from ropekit.hf import boundary, is_patched, last_positions, patch_model, supported_models, unpatch_model
 from ropekit.hf.adapters import ADAPTERS, cohere_compass
 
 
@@ -507,6 +507,14 @@ def test_compass_prerotated_allocation_is_the_old_compass_rotary(sections):
     positions = torch.randint(0, 50, (7, 3)).double()
     want = _prerotated_reference(sections, positions, 1e4, half)
     torch.testing.assert_close(positions @ W.double(), want, rtol=1e-6, atol=1e-5)
+    # longrope's factors belong to the spectrum's frequencies, wherever the allocation puts them
+    longrope = dict(rope_type="longrope", long_factor=[1.0 + j for j in range(half)], short_factor=[1.0] * half,
+                    original_max_position_embeddings=16, factor=4.0)
+    scaled, _ = ropekit.scale_frequencies(W, longrope, base=1e4, seq_len=40, max_position_embeddings=64)
+    spectrum, _ = ropekit.scaled_inv_freq(2 * half, longrope, base=1e4, seq_len=40, max_position_embeddings=64)
+    spatial = torch.arange(h + w)
+    order = torch.cat([spatial[0::2], spatial[1::2], torch.arange(h + w, half)])
+    torch.testing.assert_close(scaled.sum(0), spectrum[order], rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match="no default split"):
         ropekit.frequency_matrix("compass-prerotated", 2 * half, 3)
     with pytest.raises(ValueError, match="summing to rotary_dim/2"):
@@ -520,11 +528,21 @@ def _other_side_of_5_21(monkeypatch):
     assert cohere_compass.prerotated() is not old
 
 
-def test_compass_checkpoint_restores_the_layout_it_was_patched_with(tmp_path, monkeypatch):
+#: (design, its arguments) restored across 5.21: a design taking the family's layout (AGE), the stock-equivalent
+#: design, one taking no M-RoPE layout (its checkpoint must still restore under the flag its config carries), and an
+#: explicit allocation
+ACROSS = [("circle", dict(age="alternate", alpha=0.5)), ("mrope", dict(continuation="spatial")), ("vanilla", {}),
+          ("circle", dict(allocation="mrope"))]
+
+
+@pytest.mark.parametrize("design, kwargs", ACROSS, ids=["circle-age", "stock-equivalent", "vanilla", "explicit"])
+def test_compass_checkpoint_restores_the_layout_it_was_patched_with(design, kwargs, tmp_path, monkeypatch):
     """Compass's rotary changed layout at transformers 5.21 (pre-permuted before, interleaved after). A checkpoint
     records the layout it was patched (and trained) with and restores it on a release with the other layout, its
     config's ``mrope_interleaved`` saying that layout: the reloaded model's logits are the saved model's, its tables
-    not the installed release's native ones."""
+    not the installed release's native ones. Even the stock-equivalent patch is then no stock model of the installed
+    release, so the reloaded model saves in ropekit's form: loaded again through transformers' Auto class, it is
+    the saved model still."""
     if _missing("cohere_compass"):
         pytest.skip(_missing("cohere_compass"))
     from test_hf_families_3axis import IMAGES, make_batch
@@ -537,18 +555,22 @@ def test_compass_checkpoint_restores_the_layout_it_was_patched_with(tmp_path, mo
         there = ADAPTERS["cohere_compass"].native_allocation
         for rope in model.config.text_config.rope_parameters.values():  # the flag as that release's config says
             rope["mrope_interleaved"] = there == "interleaved"
-        patch_model(model, "circle", age="alternate", alpha=0.5)
-        assert set(model.config.ropekit["allocations"].values()) == {there}
+        patch_model(model, design, **kwargs)
+        assert model.config.ropekit["native"] == there
     ref = _logits_of(model, inputs)
-    model.save_pretrained(tmp_path)
-    loaded = ropekit.hf.from_pretrained(tmp_path, type(model)).eval()
-    assert here != there and loaded.config.ropekit["allocations"] == model.config.ropekit["allocations"]
+    model.save_pretrained(tmp_path / "there")
+    loaded = ropekit.hf.from_pretrained(tmp_path / "there", type(model)).eval()
+    assert here != there and loaded.config.ropekit == model.config.ropekit
     assert torch.equal(_logits_of(loaded, inputs), ref)
-    for rope in loaded.config.text_config.rope_parameters.values():
-        rope["mrope_interleaved"] = here == "interleaved"
-    patch_model(loaded, "circle", age="alternate", alpha=0.5)  # patched anew: the installed release's layout
-    assert set(loaded.config.ropekit["allocations"].values()) == {here}
-    assert not torch.allclose(_logits_of(loaded, inputs), ref, atol=1e-4)
+    loaded.save_pretrained(tmp_path / "again")
+    again = T.AutoModelForImageTextToText.from_pretrained(tmp_path / "again").eval()
+    assert is_patched(again) and torch.equal(_logits_of(again, inputs), ref)
+    if design == "circle" and "allocation" not in kwargs:  # the layout matters: patched anew, the logits differ
+        for rope in loaded.config.text_config.rope_parameters.values():
+            rope["mrope_interleaved"] = here == "interleaved"
+        patch_model(loaded, design, **kwargs)
+        assert set(loaded.config.ropekit["allocations"].values()) == {here}
+        assert not torch.allclose(_logits_of(loaded, inputs), ref, atol=1e-4)
 
 
 def _logits_of(model, inputs):
@@ -561,14 +583,17 @@ def test_compass_before_5_21_refuses_what_its_rotary_does_not_pre_permute(monkey
     rope type, or the flag set (on a fresh patch), is refused by name, the model left stock."""
     if _missing("cohere_compass"):
         pytest.skip(_missing("cohere_compass"))
+    if not cohere_compass.prerotated():
+        _other_side_of_5_21(monkeypatch)
     linear = dict(_compass_rope(QWEN3_ROPE), rope_type="linear", factor=2.0)
     scaled = _cohere_compass(rope_full=linear)
     flagged = _cohere_compass()
     flagged.config.text_config.rope_parameters["sliding_attention"]["mrope_interleaved"] = True
-    if not cohere_compass.prerotated():
-        _other_side_of_5_21(monkeypatch)
     with pytest.raises(ValueError, match="pre-permutes the frequencies of 'default' rope tables only"):
         patch_model(scaled, "circle")
+    patch_model(scaled, "vanilla")  # a design that does not take the family's layout: any rope type
+    assert is_patched(scaled)
+    unpatch_model(scaled)
     with pytest.raises(ValueError, match=r"\['mrope_interleaved'\] is True.*does not interleave"):
         patch_model(flagged, "circle")
     assert not is_patched(scaled) and not is_patched(flagged)

@@ -315,11 +315,14 @@ def _without_layout_flags(native: str, config: Any, rope: dict) -> dict:
 def _native(adapter: Adapter, saved: Optional[Mapping], names: Sequence[str], options: Mapping[str, dict]) -> str:
     """The layout of the family's own M-RoPE that 3-axis designs take by default: the installed transformers
     release's (the adapter's ``native_allocation``), or, restoring a checkpoint of a family whose layout changed
-    within the tested releases, the one it was patched with (read from the recorded allocation of a design that
-    takes the native layout), so it rotates as it was trained on either side of the change."""
+    within the tested releases, the one it was patched with, so it rotates as it was trained on either side of the
+    change: the record's ``native``, or in a record without one, the recorded allocation of a design that took the
+    native layout. A recorded layout the family never had is not taken (the restore then refuses the mismatch)."""
     native = adapter.native_allocation
     if saved is None or not adapter.native_layouts:
         return native
+    if saved.get("native") is not None:
+        return saved["native"] if saved["native"] in adapter.native_layouts else native
     recorded = {a for n, a in (saved.get("allocations") or {}).items()
                 if n in names and _pick(saved.get("allocation"), n) is None
                 and get_design(n).allocation_for(options.get(n, {})) == "mrope"}
@@ -430,7 +433,6 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
     dims = {key: adapter.table_dim(text, key) for key in tables}  # rotary channels of each table's layers
     rotated = {key: _rotated_pairs(rope, dims[key]) for key, rope in tables.items()}  # proportional tables
     native = _native(adapter, saved if restoring else None, names, per_design)
-    adapter.check_layout(native, tables)
     given_sections = sections is not None
     first = next(iter(tables.values()))
     turning = {key: dims[key] // 2 if rotated[key] is None else rotated[key] for key in tables}  # pairs that turn
@@ -469,10 +471,13 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
             f"sections (allocation 'mrope' or 'interleaved' with {len(sections)} axes); the layers use "
             f"{allocations}. Drop `sections`, or use a 3-axis design such as 'mrope' or 'circle'"
         )
+    if any(g.allocation == native for g in geometries.values()):
+        adapter.check_layout(native, tables)
     if restoring:
         persist.check_restored(saved, names, allocations, sections)
     persist.record(inner.config, design=design, age=age, allocation=allocation, options=per_design,
-                   layers=names, allocations=allocations, sections=sections)
+                   layers=names, allocations=allocations, sections=sections,
+                   native=native if adapter.native_layouts else None)
     if is_patched(inner):  # only now: a refused argument above leaves the old patch (and its record) in place
         _remove(top, inner, text, erase=False)
     vcfg = getattr(inner.config, "vision_config", None)
@@ -518,7 +523,8 @@ def _patch(model, design, age, allocation, options, sections, design_options) ->
         hooks.install(top, "prepare_inputs_for_generation", hooks.keep_generate_positions, state)
     # saved in ropekit's form: loads patched, never silently as the stock model; the stock-equivalent patch is the
     # stock model, so its checkpoint is the stock model's and loads as one (the record kept, for patch_model(model))
-    stock = _is_stock_equivalent(adapter, names, per_design, age, allocation, given_sections)
+    stock = _is_stock_equivalent(adapter, names, per_design, age, allocation, given_sections) and (
+        native == adapter.native_allocation)  # a layout restored across a release change is not the stock model
     for config in [inner.config] + ([top.config] if top is not None and top.config is not inner.config else []):
         (auto.unmark if stock else auto.mark)(config)
     if getattr(inner, "rope_deltas", None) is not None:

@@ -33,9 +33,10 @@ def _jsonable(value: Any, what: str) -> Any:
 
 def record(
     config: Any, *, design: Any, age: Any, allocation: Any, options: Mapping[str, Mapping[str, Any]],
-    layers: list[str], allocations: Mapping[str, str], sections: list[int],
+    layers: list[str], allocations: Mapping[str, str], sections: list[int], native: Optional[str] = None,
 ) -> None:
-    """Write the patch's record on ``config`` (the top-level model config)."""
+    """Write the patch's record on ``config`` (the top-level model config). ``native``: the layout of the family's
+    own M-RoPE the patch used, recorded for families whose layout changed within the tested transformers releases."""
     from .. import __version__
 
     rec = {
@@ -49,6 +50,8 @@ def record(
         "allocations": dict(allocations),
         "sections": [int(s) for s in sections],
     }
+    if native is not None:
+        rec["native"] = native
     setattr(config, CONFIG_KEY, _jsonable(rec, "the patch (design options, age, allocation)"))
 
 

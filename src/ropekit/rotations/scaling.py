@@ -401,8 +401,11 @@ def scale_frequencies(
         mask = W2[a] != 0
         theta = W2[a, mask].abs().float()
         e, idx = _exponents(theta, dim, base)
-        if s.rope_type == "longrope":
-            new = 1.0 / (_longrope_rescale(s, seq_len, W2.shape[-1]).to(W2.device)[mask] * base ** e)
+        if s.rope_type == "longrope":  # a factor per frequency of the spectrum, found by its index where it has one
+            ext = _longrope_rescale(s, seq_len, W2.shape[-1]).to(W2.device)
+            cols = torch.arange(W2.shape[-1], device=W2.device)[mask]
+            whole = (idx == idx.round()) & (idx >= 0) & (idx < W2.shape[-1])  # on the grid (compass-prerotated
+            new = 1.0 / (ext[torch.where(whole, idx.round().long(), cols)] * base ** e)  # reorders it); else its column
         else:
             new = _METHODS[s.rope_type](theta, e, idx, dim, base, s.params, factors[a], seq_len)
         out[a, mask] = (new * torch.sign(W2[a, mask]).float()).to(W.dtype)

@@ -55,10 +55,12 @@ class CohereCompass(Qwen3VL):
         kinds = {t: (p or {}).get("rope_type", "default") for t, p in tables.items()}
         if native == "compass-prerotated" and set(kinds.values()) != {"default"}:
             raise ValueError(
-                f"patch_model: under transformers {boundary.transformers_version()}, Cohere Compass pre-permutes the "
-                f"frequencies of 'default' rope tables only and lays out the others unpermuted, height first "
-                f"({kinds}), a layout ropekit does not build; use rope_type 'default', or transformers >= "
-                f"{INTERLEAVED_FROM}, whose rotary treats every rope type alike"
+                f"patch_model: Cohere Compass's pre-permuted layout (its rotary before transformers "
+                f"{INTERLEAVED_FROM}, 'compass-prerotated') is built for 'default' rope tables only: that rotary "
+                f"pre-permutes the frequencies of 'default' rope tables only and lays out the others unpermuted, "
+                f"height first ({kinds}), a layout ropekit does not build; use rope_type 'default', a design that does "
+                f"not take the family's layout (e.g. 'vanilla'), or transformers >= {INTERLEAVED_FROM}, whose rotary "
+                f"treats every rope type alike"
             )
 
     def sections(self, rope: dict, half: int) -> list[int]:
