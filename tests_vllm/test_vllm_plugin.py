@@ -331,8 +331,9 @@ def test_an_omni_thinker_config_becomes_the_whole_models_that_vllms_thinker_clas
     """vLLM 0.32 implements the Omni models under the whole model's architectures only (its thinker classes and their
     processing read the whole model's config): a thinker checkpoint's config (ropekit's name, and the family's own,
     under which the stock-equivalent patch is saved) becomes the whole model's around the very same thinker config,
-    the record and the architecture kept, when vLLM reads it. A ropekit whole-model checkpoint, which ropekit never
-    writes, is refused."""
+    the record and the architecture kept, when vLLM reads it. A thinker checkpoint without a record (transformers'
+    thinker saved alone, which vLLM alone has no model of) and a ropekit whole-model checkpoint, which ropekit never
+    writes, are refused."""
     import importlib
 
     import transformers as T
@@ -368,12 +369,18 @@ def test_an_omni_thinker_config_becomes_the_whole_models_that_vllms_thinker_clas
             mc.get_model_arch_config = lambda: ("rebuilt from", mc.hf_config)
             with pytest.raises(TypeError, match="Invalid type of HuggingFace config"):
                 seen_by_vllms_processing(mc)
+            if rec is None:
+                with pytest.raises(ValueError, match=rf"\({arch}\): this thinker checkpoint holds no ropekit record"
+                                                     r".*patch_model\(model, 'tmrope'\)"):
+                    MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)
+                assert mc.hf_config is thinker
+                continue
             MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)
             translated = mc.hf_config
             assert isinstance(translated, getattr(T, whole)) and translated.thinker_config is thinker
             assert seen_by_vllms_processing(mc) is thinker
             assert translated.get_text_config() is thinker.text_config  # vLLM's hf_text_config, read before
-            assert translated.architectures == [name] and getattr(translated, "ropekit", None) == rec
+            assert translated.architectures == [name] and translated.ropekit == rec
             assert not translated.enable_audio_output
             assert mc.model_arch_config == ("rebuilt from", translated)
             MODELS_CONFIG_MAP[name].verify_and_update_model_config(mc)  # once only

@@ -562,3 +562,27 @@ def test_an_omni_video_with_its_audio_interleaved_is_placed_as_the_patched_model
     assert ids[block + 1] == config.audio_start_token_id and config.audio_token_index in ids  # the video's audio inside
     assert torch.equal(held[len(ids)], position_ids(model, **inputs)[1:, 0])
     assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("served", ["qwen2_5_omni_thinker-circle-age"], indirect=True)
+def test_a_request_the_patch_refuses_fails_alone_and_the_engine_serves_the_next(served):
+    """A request the patch cannot place (here a video with its audio interleaved, which Circle-RoPE defines no place
+    for) is refused by vLLM's front end, with the patch's reason, before the engine holds it: placed in the engine,
+    the refusal took the engine down (EngineDeadError, the reason in its log only), and every request after it."""
+    from vllm import SamplingParams
+
+    name, path, llm = served
+    family = MODELS[name][0]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
+    mm = {"video": [_video(3, *MODELS[name][4])], "audio": [_audio(5, seconds=2.0)]}
+    _placed(llm)  # the engine's placements so far: let go
+    with pytest.raises(ValueError, match=r"design 'circle' defines no place for a video with its audio track"):
+        llm.generate([{"prompt": f"w7 {VIDEO_PROMPT[family]} {TEXT} w8", "multi_modal_data": mm,
+                       "mm_processor_kwargs": {"use_audio_in_video": True}}], params)
+    assert _placed(llm) == {}  # the engine never placed it
+    prompt, mm = _requests(name)[0]
+    out = llm.generate([{"prompt": prompt, "multi_modal_data": mm}], params)[0]
+    model, processor = _hf(path)
+    ids, want, _ = _hf_logprobs(model, processor, prompt, mm)
+    assert out.prompt_token_ids == ids
+    assert (_vllm_prompt_logprobs(out) - want).abs().max().item() <= TOL

@@ -14,7 +14,8 @@ and puts ropekit's classes in vLLM's model registry under the architecture names
   models of these carry M-RoPE positions already);
 - a ropekit checkpoint of any other family ropekit patches is refused when the model loads, naming why.
 
-A checkpoint without a ropekit record builds vLLM's own model, unchanged. Nothing here imports vLLM until
+A checkpoint without a ropekit record builds vLLM's own model, unchanged (an Omni thinker saved alone, which vLLM
+alone does not serve, is refused). Nothing here imports vLLM until
 :func:`register` runs, so ropekit's core never needs it.
 """
 from __future__ import annotations
@@ -89,10 +90,10 @@ def guarded_architectures() -> list[str]:
             for a in (arch if isinstance(arch, (list, tuple)) else [arch]):
                 if isinstance(a, str):
                     names.add(a)
-    # the omni thinkers: saved under their own class names, which transformers' Auto tables do not list
-    names |= {"Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel",
-              "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
-    from .models import OMNI_SERVED  # served as well (registered by register(), under both names)
+    # the whole Omni models, which vLLM implements and transformers' tables list under no family ropekit patches (the
+    # thinkers, which they list, are served: registered by register(), under both names)
+    names |= {"Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel", "Qwen3OmniMoeForConditionalGeneration"}
+    from .models import OMNI_SERVED
 
     supported = set(ModelRegistry.get_supported_archs())
     return sorted((names & supported) - set(SERVED) - set(OMNI_SERVED))
@@ -116,7 +117,7 @@ def register() -> None:
     register_config_hooks([name for arch in ONE_D if arch not in MROPE_IN_VLLM for name in (arch, ARCH_PREFIX + arch)])
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from .models import _CONFIGS, OMNI_SERVED, OMNI_THINKERS, TranslateConfig, TranslateOmniConfig
+    from .models import _CONFIGS, OMNI_THINKERS, TranslateConfig, TranslateOmniConfig
     from .one_d import untested_hook
 
     for arch in _CONFIGS:  # served families whose vLLM model reads another config than transformers' (ropekit's)
@@ -130,11 +131,11 @@ def register() -> None:
                 MODELS_CONFIG_MAP[name] = TranslateConfig.after(own)
 
     # the Omni thinkers, which ropekit saves under their own (prefixed) names and vLLM does not implement alone: when
-    # vLLM reads the checkpoint's config, a served thinker's becomes the whole Omni model's config vLLM's thinker
-    # class and processor read, and another thinker is refused, before vLLM builds the processor
-    # (a served thinker under both names: the stock-equivalent patch, tmrope, is saved under the family's own name,
-    # which vLLM 0.32 has no model of either)
+    # vLLM reads the checkpoint's config, a thinker's becomes the whole Omni model's config vLLM's thinker class and
+    # processor read, and one without a ropekit record is refused, before vLLM builds the processor
+    # (under both names: the stock-equivalent patch, tmrope, is saved under the family's own name, which vLLM 0.32
+    # has no model of either)
     for arch in OMNI_THINKERS:
-        for name in (ARCH_PREFIX + arch, *([arch] if arch in OMNI_SERVED else [])):
+        for name in (ARCH_PREFIX + arch, arch):
             ModelRegistry.register_model(name, f"ropekit.serve.vllm.models:{name}")
             MODELS_CONFIG_MAP[name] = TranslateOmniConfig

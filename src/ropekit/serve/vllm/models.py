@@ -584,7 +584,7 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
 
         def __new__(cls, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
             if _record(vllm_config) is None:  # not a ropekit checkpoint: vLLM's own model, untouched
-                return _stock(arch, base)(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+                return base(*args, vllm_config=vllm_config, prefix=prefix, **kwargs)
             return super().__new__(cls)
 
         def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any):
@@ -680,9 +680,82 @@ def _served_class(arch: str, placement_class: type = None, mixins: tuple = ()) -
 
     if arch in _WEIGHTS_AT_ROOT:
         Served.allow_patterns_overrides = None  # vLLM's default: the safetensors files at the checkpoint's root
+    Served._ropekit_placement = (arch, placement_class)
     Served.__name__ = Served.__qualname__ = arch
     Served.__module__ = __name__
     return Served
+
+
+#: the fields of an item the front end keeps, for when it sees the item again without its data (vLLM's processor
+#: cache sends an item it holds already as None): tensors up to this many elements (grids, sizes, patch coordinates,
+#: flags, seconds: what placements read; not pixels or audio features), for up to _KEPT_ITEMS items
+_SMALL_FIELD = 65536
+_KEPT_ITEMS = 1024
+
+
+def _checked_up_front(cls: type) -> type:
+    """``cls`` (a served class) whose multimodal processor, which vLLM runs in its front-end process, places each
+    processed prompt with the patch as the model will: a request the patch refuses (a video with its audio where the
+    design has no place for it, a MiniCPM-V picture in another downsample mode, ...) fails alone, with the reason, in
+    the front end. Refused inside the engine, where :meth:`get_mrope_input_positions` runs it (kept as a backstop),
+    the error would take the engine down with every request it holds (docs/serving.md)."""
+    factories = getattr(cls, "_processor_factory", None)
+    if factories is None:
+        return cls
+    import dataclasses
+
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+
+    arch, placement_class = cls._ropekit_placement
+    make = factories.processor
+    placements: dict[int, _Placement] = {}
+    fields: dict[str, dict] = {}  # mm_hash -> the item's small fields (bounded: oldest dropped first)
+
+    profiling = threading.local()  # vLLM's profiling inputs (never a request's) are not placed
+
+    class Checked(make):
+        def get_dummy_mm_inputs(self, *args: Any, **kwargs: Any) -> Any:
+            profiling.on = True
+            try:
+                return super().get_dummy_mm_inputs(*args, **kwargs)
+            finally:
+                profiling.on = False
+
+        def apply(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().apply(*args, **kwargs)
+            config = self.info.ctx.model_config.hf_config
+            if (getattr(config, "ropekit", None) is None or out.get("type") != "multimodal"
+                    or getattr(profiling, "on", False)):
+                return out
+            key = id(config)
+            if key not in placements:
+                placements.clear()
+                placements[key] = placement_class(arch, config)
+            features = []
+            for modality, items in out["mm_kwargs"].items():
+                for i, item in enumerate(items):
+                    digest = out["mm_hashes"][modality][i]
+                    kept = fields.pop(digest, None)  # (kept again as the newest)
+                    if item is not None:
+                        fields[digest] = MultiModalKwargsItem({name: elem for name, elem in item.items() if not (
+                            isinstance(elem.data, torch.Tensor) and elem.data.numel() > _SMALL_FIELD)})
+                        while len(fields) > _KEPT_ITEMS:
+                            fields.pop(next(iter(fields)))
+                    elif kept is None:
+                        return out  # an item vLLM cached before this process kept its fields: the engine places it
+                    else:
+                        fields[digest] = kept
+                    # as the engine receives it (vLLM's input processor)
+                    features.append(MultiModalFeatureSpec(
+                        data=item if item is not None else fields[digest], modality=modality, identifier=digest,
+                        mm_position=out["mm_placeholders"][modality][i], mm_hash=digest))
+            features.sort(key=lambda f: f.mm_position.offset)
+            placements[key].place(list(out["prompt_token_ids"]), features)
+            return out
+
+    Checked.__name__ = Checked.__qualname__ = make.__name__
+    cls._processor_factory = dataclasses.replace(factories, processor=Checked)
+    return cls
 
 
 _QWEN3_5_TEXT = (
@@ -736,8 +809,7 @@ def _refuse(arch: str, record: dict) -> None:
     base = _stock_class(arch)
     served = ", ".join([*SERVED, *OMNI_SERVED])
     why = f" It is not served because {NOT_SERVED[arch]}." if arch in NOT_SERVED else ""
-    stock = (f"vLLM 0.32 registers no model of this architecture" if arch in OMNI_THINKERS else
-             f"vLLM's own {base.__name__} would run the family's stock positions, not the design's")
+    stock = f"vLLM's own {base.__name__} would run the family's stock positions, not the design's"
     raise ValueError(
         f"ropekit vLLM plugin: this checkpoint is a {arch} patched by ropekit (design "
         f"{record.get('design')!r}), and the plugin serves ropekit checkpoints of {served} only; {stock}.{why} "
@@ -776,7 +848,7 @@ def __getattr__(name: str) -> type:
         from ...hf.auto import ARCH_PREFIX
 
         arch = name[len(ARCH_PREFIX):] if name.startswith(ARCH_PREFIX) else name  # saved checkpoints: the prefix
-        if arch not in _VLLM_MODELS and not (arch in OMNI_THINKERS and name != arch) and arch not in OMNI_SERVED:
+        if arch not in _VLLM_MODELS and arch not in OMNI_SERVED:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         if arch in ONE_D:
             from . import one_d
@@ -796,6 +868,8 @@ def __getattr__(name: str) -> type:
             cls = _served_class(arch, _OmniPlacement)
         else:
             cls = _refusing_class(arch)
+        if getattr(cls, "_ropekit_placement", None) is not None:
+            cls = _checked_up_front(cls)
         cls.__name__ = cls.__qualname__ = name
         _BUILT[name] = cls
     return _BUILT[name]
@@ -867,36 +941,25 @@ def _omni_thinker_weights(hf_config: Any, weights: Any) -> Any:
 
 _WEIGHTS["Qwen2_5OmniThinkerForConditionalGeneration"] = _omni_thinker_weights
 _WEIGHTS["Qwen3OmniMoeThinkerForConditionalGeneration"] = _omni_thinker_weights
-_STOCK: dict[str, type] = {}
-
-
-def _stock(arch: str, base: type) -> type:
-    """The class serving a checkpoint of ``arch`` without a ropekit record: vLLM's own model ``base``; for an Omni
-    thinker saved alone (which vLLM 0.32 has no model of), vLLM's thinker class reading the thinker's weight names."""
-    if arch not in OMNI_SERVED:
-        return base
-    if arch not in _STOCK:
-        class StockThinker(base):
-            __doc__ = f"vLLM's {base.__name__}, reading a thinker checkpoint's weight names (no ropekit record)."
-
-            def load_weights(self, weights: Any) -> Any:
-                return super().load_weights(_omni_thinker_weights(self.config, weights))
-
-        StockThinker.__name__ = StockThinker.__qualname__ = base.__name__
-        StockThinker.__module__ = __name__
-        _STOCK[arch] = StockThinker
-    return _STOCK[arch]
+#: why a thinker checkpoint without a ropekit record (transformers' thinker saved alone) is refused at load
+_STOCK_THINKER = (
+    "ropekit vLLM plugin ({arch}): this thinker checkpoint holds no ropekit record, and vLLM 0.32 serves the Omni "
+    "models under the whole model's architectures only (Qwen2_5OmniForConditionalGeneration, "
+    "Qwen3OmniMoeForConditionalGeneration), so vLLM alone never served it; vLLM's own positions for it (a video's "
+    "times computed in another float order than transformers') are untested. Patch it with its stock-equivalent "
+    "design, ropekit.hf.patch_model(model, 'tmrope'), and save it: the plugin then places its prompts with "
+    "transformers' own position code (docs/serving.md)"
+)
 
 
 class TranslateOmniConfig:
     """vLLM's per-architecture config hook for the Omni thinkers' saved (prefixed) architectures. vLLM 0.32's thinker
     class, processor and position code read the whole Omni model's config (``thinker_config``); a thinker checkpoint's
     config is the thinker's. For a served thinker vLLM's copy of the config becomes the whole model's config around
-    that very thinker config (no talker: ``enable_audio_output`` false), with the ropekit record (if any) and the
-    checkpoint's architecture kept: a ropekit checkpoint is served with its patch, one without a record (transformers'
-    thinker saved alone, or the stock-equivalent patch, saved in the family's own form) by vLLM's thinker class
-    unchanged. A ropekit checkpoint of a thinker the plugin does not serve is refused, naming why, before vLLM builds
-    the processor."""
+    that very thinker config (no talker: ``enable_audio_output`` false), with the ropekit record and the checkpoint's
+    architecture kept, and the checkpoint is served with its patch (the stock-equivalent patch, saved in the family's
+    own form, keeps its record too). A thinker checkpoint without a record (transformers' thinker saved alone, which
+    vLLM alone never served) is refused (:data:`_STOCK_THINKER`)."""
 
     @staticmethod
     def verify_and_update_model_config(model_config: Any) -> None:
@@ -908,10 +971,8 @@ class TranslateOmniConfig:
         arch = arch[len(ARCH_PREFIX):] if arch.startswith(ARCH_PREFIX) else arch
         config = model_config.hf_config
         record = getattr(config, "ropekit", None)
-        if arch not in OMNI_SERVED:
-            if record is not None:
-                _refuse(arch, record)
-            return
+        if record is None:  # (a translated config keeps the record)
+            raise ValueError(_STOCK_THINKER.format(arch=arch))
         whole_class, thinker_type = OMNI_SERVED[arch]
         whole_class = getattr(transformers, whole_class)
         if isinstance(config, whole_class):  # translated already
