@@ -713,48 +713,63 @@ def _checked_up_front(cls: type) -> type:
 
     profiling = threading.local()  # vLLM's profiling inputs (never a request's) are not placed
 
-    class Checked(make):
-        def get_dummy_mm_inputs(self, *args: Any, **kwargs: Any) -> Any:
-            profiling.on = True
-            try:
-                return super().get_dummy_mm_inputs(*args, **kwargs)
-            finally:
-                profiling.on = False
+    def checked(base: type) -> type:
+        class Checked(base):
+            def get_dummy_mm_inputs(self, *args: Any, **kwargs: Any) -> Any:
+                profiling.on = True
+                try:
+                    return super().get_dummy_mm_inputs(*args, **kwargs)
+                finally:
+                    profiling.on = False
 
-        def apply(self, *args: Any, **kwargs: Any) -> Any:
-            out = super().apply(*args, **kwargs)
-            config = self.info.ctx.model_config.hf_config
-            if (getattr(config, "ropekit", None) is None or out.get("type") != "multimodal"
-                    or getattr(profiling, "on", False)):
+            def apply(self, *args: Any, **kwargs: Any) -> Any:
+                out = super().apply(*args, **kwargs)
+                config = self.info.ctx.model_config.hf_config
+                if (getattr(config, "ropekit", None) is None or out.get("type") != "multimodal"
+                        or getattr(profiling, "on", False)):
+                    return out
+                key = id(config)
+                if key not in placements:
+                    placements.clear()
+                    placements[key] = placement_class(arch, config)
+                features = []
+                for modality, items in out["mm_kwargs"].items():
+                    for i, item in enumerate(items):
+                        digest = out["mm_hashes"][modality][i]
+                        kept = fields.pop(digest, None)  # (kept again as the newest)
+                        if item is not None:
+                            fields[digest] = MultiModalKwargsItem({name: elem for name, elem in item.items() if not (
+                                isinstance(elem.data, torch.Tensor) and elem.data.numel() > _SMALL_FIELD)})
+                            while len(fields) > _KEPT_ITEMS:
+                                fields.pop(next(iter(fields)))
+                        elif kept is None:
+                            return out  # an item vLLM cached before this process kept its fields: the engine places it
+                        else:
+                            fields[digest] = kept
+                        # as the engine receives it (vLLM's input processor)
+                        features.append(MultiModalFeatureSpec(
+                            data=item if item is not None else fields[digest], modality=modality, identifier=digest,
+                            mm_position=out["mm_placeholders"][modality][i], mm_hash=digest))
+                features.sort(key=lambda f: f.mm_position.offset)
+                placements[key].place(list(out["prompt_token_ids"]), features)
                 return out
-            key = id(config)
-            if key not in placements:
-                placements.clear()
-                placements[key] = placement_class(arch, config)
-            features = []
-            for modality, items in out["mm_kwargs"].items():
-                for i, item in enumerate(items):
-                    digest = out["mm_hashes"][modality][i]
-                    kept = fields.pop(digest, None)  # (kept again as the newest)
-                    if item is not None:
-                        fields[digest] = MultiModalKwargsItem({name: elem for name, elem in item.items() if not (
-                            isinstance(elem.data, torch.Tensor) and elem.data.numel() > _SMALL_FIELD)})
-                        while len(fields) > _KEPT_ITEMS:
-                            fields.pop(next(iter(fields)))
-                    elif kept is None:
-                        return out  # an item vLLM cached before this process kept its fields: the engine places it
-                    else:
-                        fields[digest] = kept
-                    # as the engine receives it (vLLM's input processor)
-                    features.append(MultiModalFeatureSpec(
-                        data=item if item is not None else fields[digest], modality=modality, identifier=digest,
-                        mm_position=out["mm_placeholders"][modality][i], mm_hash=digest))
-            features.sort(key=lambda f: f.mm_position.offset)
-            placements[key].place(list(out["prompt_token_ids"]), features)
-            return out
 
-    Checked.__name__ = Checked.__qualname__ = make.__name__
-    cls._processor_factory = dataclasses.replace(factories, processor=Checked)
+        Checked.__name__ = Checked.__qualname__ = base.__name__
+        return Checked
+
+    if isinstance(make, type):
+        processor = checked(make)
+    else:  # a function building the processor (LLaVA's: LLaVA's or Pixtral's by the config)
+        classes: dict[type, type] = {}
+
+        def processor(*args: Any, **kwargs: Any) -> Any:
+            proc = make(*args, **kwargs)
+            base = type(proc)
+            if base not in classes:
+                classes[base] = checked(base)
+            proc.__class__ = classes[base]
+            return proc
+    cls._processor_factory = dataclasses.replace(factories, processor=processor)
     return cls
 
 
