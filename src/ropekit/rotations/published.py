@@ -79,15 +79,22 @@ def _mmrope(half: int, sections, name: str) -> torch.Tensor:
     return torch.tensor([T, T, H, W, H, W, H, W])[torch.arange(half) % 8]
 
 
-def _bailing(half: int, sections, name: str) -> torch.Tensor:
+def _required_sections(sections, name: str, what: str) -> list[int]:
+    """``sections`` of a rule without a default split: a ValueError saying ``what`` to pass when there are none, a
+    TypeError when they are not ints."""
     if sections is None:
-        raise ValueError(f"allocation {name!r} has no default split: pass sections=[t, h, w] with h == w, the "
-                         f"checkpoint's mrope_section, summing to rotary_dim/2 = {half} (e.g. [8, 12, 12] "
-                         f"for rotary_dim 64)")
+        raise ValueError(f"allocation {name!r} has no default split: pass {what}")
     if isinstance(sections, (str, bytes)) or not all(
             isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sections):
         raise TypeError(f"allocation {name!r}: `sections` must be three ints [t, h, w] (numbers of frequency "
                         f"pairs), got {sections!r}")
+    return [int(s) for s in sections]
+
+
+def _bailing(half: int, sections, name: str) -> torch.Tensor:
+    sections = _required_sections(sections, name, f"sections=[t, h, w] with h == w, the checkpoint's mrope_section, "
+                                                   f"summing to rotary_dim/2 = {half} (e.g. [8, 12, 12] for rotary_dim "
+                                                   f"64)")
     return _videorope(half, sections, False, name)
 
 
@@ -106,18 +113,13 @@ def _mrope_interleave(half: int, sections, name: str) -> torch.Tensor:
 
 
 def _compass_prerotated(half: int, sections, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if sections is None:
-        raise ValueError(f"allocation {name!r} has no default split: pass sections=[t, h, w], the checkpoint's "
-                         f"mrope_section [h, w, t] reordered, summing to rotary_dim/2 = {half} (e.g. [20, 22, 22] "
-                         f"for rotary_dim 128)")
-    if isinstance(sections, (str, bytes)) or not all(
-            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sections):
-        raise TypeError(f"allocation {name!r}: `sections` must be three ints [t, h, w] (numbers of frequency "
-                        f"pairs), got {sections!r}")
-    t, h, w = secs = [int(s) for s in sections]
+    secs = _required_sections(sections, name, f"sections=[t, h, w], the checkpoint's mrope_section [h, w, t] "
+                                              f"reordered, summing to rotary_dim/2 = {half} (e.g. [20, 22, 22] for "
+                                              f"rotary_dim 128)")
     if len(secs) != 3 or min(secs) < 0 or sum(secs) != half:
         raise ValueError(f"allocation {name!r}: `sections` must be [t, h, w], none negative, summing to "
                          f"rotary_dim/2 = {half} (e.g. [20, 22, 22] for rotary_dim 128), got {list(sections)}")
+    t, h, w = secs
     spatial = torch.arange(h + w)
     order = torch.cat([spatial[0::2], spatial[1::2], torch.arange(h + w, half)])
     return torch.repeat_interleave(torch.tensor([H, W, T]), torch.tensor([h, w, t])), order
