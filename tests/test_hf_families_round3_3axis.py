@@ -175,8 +175,6 @@ def test_cosmos3_omni_reads_its_text_models_class():
 def test_cohere_compass_layers_without_positions_stay_without():
     """Cohere Compass layer types whose rope_parameters are None take no positions (NoPE): patched, they still get
     none, and the stock-equivalent patch gives the stock logits and greedy tokens bit for bit."""
-    if _missing("cohere_compass"):
-        pytest.skip(_missing("cohere_compass"))
     from test_hf_families_3axis import IMAGES, make_batch
     model = _seeded(lambda: _cohere_compass(rope_full=None))
     family = FAMILIES["cohere_compass"][0]
@@ -543,8 +541,6 @@ def test_compass_checkpoint_restores_the_layout_it_was_patched_with(design, kwar
     not the installed release's native ones. Even the stock-equivalent patch is then no stock model of the installed
     release, so the reloaded model saves in ropekit's form: loaded again through transformers' Auto class, it is
     the saved model still."""
-    if _missing("cohere_compass"):
-        pytest.skip(_missing("cohere_compass"))
     from test_hf_families_3axis import IMAGES, make_batch
     family = FAMILIES["cohere_compass"][0]
     model = _seeded(_cohere_compass)
@@ -581,8 +577,6 @@ def _logits_of(model, inputs):
 def test_compass_before_5_21_refuses_what_its_rotary_does_not_pre_permute(monkeypatch):
     """Before 5.21 Compass pre-permutes 'default' rope tables only, whatever ``mrope_interleaved`` says: another
     rope type, or the flag set (on a fresh patch), is refused by name, the model left stock."""
-    if _missing("cohere_compass"):
-        pytest.skip(_missing("cohere_compass"))
     if not cohere_compass.prerotated():
         _other_side_of_5_21(monkeypatch)
     linear = dict(_compass_rope(QWEN3_ROPE), rope_type="linear", factor=2.0)

@@ -147,6 +147,14 @@ def _qwen3_5_tokenizer():
     return fast
 
 
+def _vision_processors(image_cls, video_cls, patch: int):
+    """Qwen2-VL-style image and video processors on ``patch``-pixel patches merged 2 x 2, two frames a temporal
+    patch, images up to 64 merged tokens, every given frame kept."""
+    size = {"shortest_edge": (2 * patch) ** 2, "longest_edge": (2 * patch) ** 2 * 64}
+    return (image_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size),
+            video_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size, do_sample_frames=False))
+
+
 def _ids(family: str) -> dict:
     if family.startswith("glm"):
         names = ("image_token_id", "image_start_token_id", "image_end_token_id", "video_token_id",
@@ -570,27 +578,15 @@ def _processor(family: str):
     if family == "step3p7":  # a 112-pixel global view and tiles of 56 pixels (2 x 2 and 1 x 1 tokens)
         image = tf.Step3p7ImageProcessor(size={"height": 112, "width": 112}, patch_size=56, max_image_size=224)
         return tf.Step3p7Processor(image_processor=image, tokenizer=_tokenizer(STEP3_VOCAB, STEP3_SPECIAL))
-    if family.startswith("qwen2_5_omni"):  # Qwen2.5-VL's image and video processing, Whisper's features
-        size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
-        return tf.Qwen2_5OmniProcessor(
-            image_processor=tf.Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
-            video_processor=tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
-                                                     do_sample_frames=False),
-            feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL),
-            tokenizer=_tokenizer(OMNI_VOCAB, OMNI_SPECIAL, named=OMNI_NAMED))
-    if family.startswith("qwen3_omni"):  # Qwen3-VL's image and video processing, Whisper's features
-        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
-        return tf.Qwen3OmniMoeProcessor(
-            image_processor=tf.Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size),
-            video_processor=tf.Qwen2VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size,
-                                                     do_sample_frames=False),
-            feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL),
-            tokenizer=_tokenizer(OMNI3_VOCAB, OMNI3_SPECIAL, named=OMNI3_NAMED))
+    if family.startswith(("qwen2_5_omni", "qwen3_omni")):  # Qwen2-VL's image and video processing, Whisper's mels
+        qwen3 = family.startswith("qwen3_omni")
+        cls, tokenizer = ((tf.Qwen3OmniMoeProcessor, _tokenizer(OMNI3_VOCAB, OMNI3_SPECIAL, named=OMNI3_NAMED)) if qwen3
+                          else (tf.Qwen2_5OmniProcessor, _tokenizer(OMNI_VOCAB, OMNI_SPECIAL, named=OMNI_NAMED)))
+        image, video = _vision_processors(tf.Qwen2VLImageProcessor, tf.Qwen2VLVideoProcessor, 16 if qwen3 else 14)
+        return cls(image_processor=image, video_processor=video,
+                   feature_extractor=tf.WhisperFeatureExtractor(feature_size=OMNI_MEL), tokenizer=tokenizer)
     if family.startswith("cohere_compass"):  # the test serves images only (vLLM 0.32's Compass takes no video)
-        size = {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64}
-        image = tf.CohereCompassImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
-        video = tf.CohereCompassVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, size=size,
-                                               do_sample_frames=False)
+        image, video = _vision_processors(tf.CohereCompassImageProcessor, tf.CohereCompassVideoProcessor, 16)
         return tf.CohereCompassProcessor(image_processor=image, tokenizer=_tokenizer(COMPASS_VOCAB, COMPASS_SPECIAL),
                                          video_processor=video)
     if family.startswith("paligemma"):
